@@ -1,0 +1,105 @@
+"""Is a tool response an error response?  SPEC §12, nothing else.
+
+A dict -- or text that decodes to a JSON object -- is an error response when it
+has a truthy ``error``; ``isError`` true; ``success`` false; ``ok`` false;
+``status`` equal to ``error``, ``failed``, ``cancelled`` or ``unknown``; or an
+``exit_code`` other than 0.  Anything else is a normal response.
+
+The edge shapes below are decided deliberately; when a shape is ambiguous the
+conservative answer (error, so the operation becomes ``uncertain``) wins:
+
+* ``status`` is compared case-insensitively after trimming (``"FAILED"`` is an error).
+* ``exit_code``: success only for a number equal to 0 (``0`` or ``0.0``) or null;
+  ``true``, ``"0"``, ``"1"``, ``1.0`` and every other value are errors.
+* ``success``/``ok``: false, 0, or the text ``"false"``/``"0"``/``"no"`` (any case)
+  are errors.  ``isError``: true, 1 or the text ``"true"`` are errors.
+* ``error``: truthy by Python's rules, so null, ``""``, 0, false, [] and {} are
+  not errors.
+* Text: a UTF-8 BOM and surrounding whitespace are ignored; text that decodes to
+  a JSON *string* is decoded again (double-encoded JSON), up to
+  ``MAX_DECODE_DEPTH`` times.  ``NaN`` inside the text is tolerated by the decoder.
+* bytes are decoded as UTF-8 first; undecodable bytes are not JSON (normal).
+* Arrays, numbers, null and non-JSON text are normal responses (SPEC: "anything
+  else"), as are objects whose error sits only in a nested field.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+# Double-encoded JSON is decoded at most this many times: deep enough for every
+# wrapper seen in practice, bounded so hostile input cannot loop.
+MAX_DECODE_DEPTH = 3
+ERROR_STATUSES = frozenset({"error", "failed", "cancelled", "unknown"})
+_FALSE_TEXT = frozenset({"false", "0", "no"})
+_TRUE_TEXT = frozenset({"true", "1", "yes"})
+
+
+def is_error_response(response: Any) -> bool:
+    """True if ``response`` (any Python value) is an error response (SPEC §12).
+
+    Never raises for any input shape.
+    """
+    decoded = _decode(response)
+    if not isinstance(decoded, dict):
+        return False
+    return _dict_is_error(decoded)
+
+
+def _decode(response: Any) -> Any:
+    """Turn bytes/text into the JSON value they carry; other values pass."""
+    value = response
+    for _ in range(MAX_DECODE_DEPTH + 1):
+        if isinstance(value, (bytes, bytearray)):
+            try:
+                value = bytes(value).decode("utf-8")
+            except UnicodeDecodeError:
+                return None
+        if not isinstance(value, str):
+            return value
+        text = value.lstrip("\ufeff").strip()
+        if not text or text[0] not in '{"':
+            return None  # only objects, or strings that may hold one, matter
+        try:
+            value = json.loads(text)
+        except (ValueError, RecursionError):
+            return None
+    return value if not isinstance(value, str) else None
+
+
+def _dict_is_error(response: dict) -> bool:
+    try:
+        if response.get("error"):
+            return True
+    except Exception:  # an exotic object whose __bool__ raises: conservative
+        return True
+    if "isError" in response and _is_true(response["isError"]):
+        return True
+    for key in ("success", "ok"):
+        if key in response and _is_false(response[key]):
+            return True
+    status = response.get("status")
+    if isinstance(status, str) and status.strip().lower() in ERROR_STATUSES:
+        return True
+    if "exit_code" in response and not _is_zero_exit(response["exit_code"]):
+        return True
+    return False
+
+
+def _is_true(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in _TRUE_TEXT
+    return value is True or (isinstance(value, (int, float)) and value == 1)
+
+
+def _is_false(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in _FALSE_TEXT
+    return value is False or (isinstance(value, (int, float)) and not isinstance(value, bool)
+                              and value == 0)
+
+
+def _is_zero_exit(value: Any) -> bool:
+    if value is None:
+        return True
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0

@@ -1,0 +1,362 @@
+#!/usr/bin/env python3
+"""Operator CLI for the crash-recovery journal (SPEC §11).
+
+    python operator_cli.py [--data-dir DIR] [--format json|text] COMMAND ...
+
+Commands: ``status``, ``show OP``, ``log [--since SEQ] [--jsonl]``,
+``verify [--checkpoint FILE]``, ``checkpoint``,
+``resolve OP --outcome completed|not_applied --evidence TEXT [--force]``,
+``repair-checkpoint --evidence TEXT``.
+
+Output is one JSON document on stdout (``--format text`` prints aligned tables
+for status/show/log instead; ``log --jsonl`` prints one event per line).  Exit
+0 on success with valid integrity, 1 on any error, usage errors included (they
+print a JSON error too).  A failed command changes nothing on disk.  ``status``,
+``show``, ``log``, ``verify`` and ``checkpoint`` open the database read-only and
+never create a journal, marker or checkpoint.
+
+Every ``resolve`` and ``repair-checkpoint`` is also appended to ``operator.log``
+beside the journal (one JSON line per action: time, action, evidence, the
+checkpoint before and after), which ``verify`` reports.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import uuid
+from typing import Any, Optional, Sequence
+
+try:  # package (pip install: console script) or top-level (python operator_cli.py)
+    from . import report
+    from .journal import CHECKPOINT_NAME, Journal, JournalError, canonical_text
+    from .owner import OWNER_RUNNING, probe_owner
+except ImportError:
+    import report  # type: ignore[no-redef]
+    from journal import (CHECKPOINT_NAME, Journal, JournalError,  # type: ignore[no-redef]
+                         canonical_text)
+    from owner import OWNER_RUNNING, probe_owner  # type: ignore[no-redef]
+
+OPERATOR_LOG_NAME = "operator.log"
+# Evidence is stored verbatim in the journal forever; 64 KiB holds any receipt
+# or log excerpt a person would paste, and bounds what one typo can add.
+EVIDENCE_MAX_CHARS = 65536
+# Enough to re-run a verification on many past repairs, bounded so a huge log
+# cannot make `verify` slow.
+OPERATOR_LOG_MAX_LINES = 10000
+
+
+class CommandError(Exception):
+    """A refused command: ``code`` (machine-readable) and ``message``."""
+
+    def __init__(self, code: str, message: str, **details: Any):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.details = details
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports usage errors as :class:`CommandError` (JSON, exit 1)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise CommandError("usage", f"{message} (see --help)")
+
+
+def default_data_dir() -> str:
+    """``$HERMES_HOME/plugin-data/crash-recovery`` (HERMES_HOME defaults to ~/.hermes)."""
+    home = os.environ.get("HERMES_HOME") or os.path.join(os.path.expanduser("~"), ".hermes")
+    return os.path.join(home, "plugin-data", "crash-recovery")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="operator_cli.py",
+                     description="Inspect and settle the crash-recovery journal (SPEC §11).")
+    parser.add_argument("--data-dir", default=None,
+                        help="the profile's plugin data directory "
+                             "(default: $HERMES_HOME/plugin-data/crash-recovery)")
+    parser.add_argument("--format", choices=("json", "text"), default="json",
+                        help="json (default) or aligned text tables for status/show/log")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    commands.add_parser("status", help="integrity and unresolved operations")
+    show = commands.add_parser("show", help="one operation's verified history")
+    show.add_argument("operation_id")
+    log = commands.add_parser("log", help="verified export of events")
+    log.add_argument("--since", type=int, default=0, help="only events with seq > SINCE")
+    log.add_argument("--jsonl", action="store_true", help="one JSON event per line")
+    verify = commands.add_parser("verify", help="full verification")
+    verify.add_argument("--checkpoint", help="an exported checkpoint that must be an ancestor")
+    commands.add_parser("checkpoint", help="print the current checkpoint")
+    resolve = commands.add_parser("resolve", help="settle a pending or uncertain operation")
+    resolve.add_argument("operation_id")
+    resolve.add_argument("--outcome", required=True, choices=("completed", "not_applied"))
+    resolve.add_argument("--evidence", required=True,
+                         help="what you checked in the real service (receipt, log line, row)")
+    resolve.add_argument("--force", action="store_true",
+                         help="resolve although the operation's worker still runs; the "
+                              "evidence must say why")
+    repair = commands.add_parser("repair-checkpoint",
+                                 help="re-anchor head.json after a crash between replace and commit")
+    repair.add_argument("--evidence", required=True, help="why this repair is justified")
+    return parser
+
+
+# ------------------------------------------------------------------ helpers --
+
+def _evidence(text: str) -> str:
+    if not text.strip():
+        raise CommandError("invalid_evidence", "evidence must be non-empty text")
+    if len(text) > EVIDENCE_MAX_CHARS:
+        raise CommandError("invalid_evidence",
+                           f"evidence has {len(text)} characters; at most {EVIDENCE_MAX_CHARS}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise CommandError("invalid_evidence",
+                           "evidence is not valid UTF-8 (check the shell's locale or the pasted "
+                           "bytes)") from None
+    return text
+
+
+def _operation_id(text: str) -> str:
+    """The canonical (lower-case, hyphenated) form the guard stores."""
+    try:
+        return str(uuid.UUID(text))
+    except ValueError:
+        raise CommandError("invalid_operation_id",
+                           f"{text[:80]!r} is not an operation id (a UUID from `status`)") from None
+
+
+def _read_checkpoint_file(path: str) -> Any:
+    try:
+        with open(path, "rb") as stream:
+            return json.loads(stream.read(1 << 20))
+    except OSError as exc:
+        raise CommandError("checkpoint_unreadable", f"{path}: {exc.strerror or exc}") from None
+    except ValueError:
+        raise CommandError("checkpoint_unreadable", f"{path} is not JSON") from None
+
+
+def _append_operator_log(data_dir: str, entry: dict) -> Optional[str]:
+    """Append one JSON line and fsync; returns an error text instead of raising
+    (the journal event is already durable and is the source of truth)."""
+    line = (canonical_text(entry) + "\n").encode("utf-8")
+    try:
+        descriptor = os.open(os.path.join(data_dir, OPERATOR_LOG_NAME),
+                             os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(descriptor, line)
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+    except OSError as exc:
+        return f"{OPERATOR_LOG_NAME} not written: {exc.strerror or exc}"
+    return None
+
+
+def read_operator_log(data_dir: str) -> list:
+    """Past operator actions (dicts), oldest first; unreadable lines are
+    reported as ``{"unreadable_line": N}``."""
+    path = os.path.join(data_dir, OPERATOR_LOG_NAME)
+    try:
+        with open(path, "rb") as stream:
+            lines = stream.read().splitlines()[-OPERATOR_LOG_MAX_LINES:]
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        return [{"unreadable": str(exc)}]
+    entries = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            entries.append(json.loads(line))
+        except ValueError:
+            entries.append({"unreadable_line": number})
+    return entries
+
+
+def _history(events: list, operation_id: str) -> list:
+    return [dict(payload, seq=seq) for seq, payload in events
+            if payload.get("operation_id") == operation_id]
+
+
+# ----------------------------------------------------------------- commands --
+
+def command_status(args: argparse.Namespace, data_dir: str) -> dict:
+    with Journal(data_dir, readonly=True) as journal:
+        result = report.status_report(journal, data_dir)
+    if result["integrity"] == "journal_absent":
+        # A fresh profile: nothing was ever journaled, nothing is blocked.
+        return {"ok": True, "integrity": "ok", "journal": "absent", "data_dir": data_dir,
+                "checkpoint": None, "unresolved": []}
+    if not result["ok"]:
+        raise JournalError(result["integrity"], result["error"]["message"])
+    result["journal"] = "present"
+    return result
+
+
+def command_show(args: argparse.Namespace, data_dir: str) -> dict:
+    operation_id = _operation_id(args.operation_id)
+    with Journal(data_dir, readonly=True) as journal:
+        events = journal.events()
+        status = journal.status()
+    history = _history(events, operation_id)
+    if not history:
+        raise CommandError("unknown_operation", f"no operation {operation_id} in this journal")
+    open_operation = next((operation for operation in status.unresolved
+                           if operation.operation_id == operation_id), None)
+    if open_operation is not None:
+        operation = report.operation_view(open_operation, data_dir)
+    else:
+        started, last = history[0], history[-1]
+        operation = {"operation_id": operation_id, "state": last["kind"], "tool": started.get("tool"),
+                     "session_id": started.get("session_id"),
+                     "tool_call_id": started.get("tool_call_id"),
+                     "started_at": report.iso_utc(started["timestamp_ns"]),
+                     "outcome": last.get("outcome"), "owner": None}
+    for event in history:
+        event["at"] = report.iso_utc(event["timestamp_ns"])
+    return {"ok": True, "integrity": "ok", "data_dir": data_dir, "operation": operation,
+            "events": history}
+
+
+def command_log(args: argparse.Namespace, data_dir: str) -> dict:
+    with Journal(data_dir, readonly=True) as journal:
+        events = journal.events(since=max(0, args.since))
+        checkpoint = journal.checkpoint()
+    return {"ok": True, "integrity": "ok", "data_dir": data_dir, "checkpoint": checkpoint,
+            "events": [dict(payload, seq=seq) for seq, payload in events]}
+
+
+def command_verify(args: argparse.Namespace, data_dir: str) -> dict:
+    external = _read_checkpoint_file(args.checkpoint) if args.checkpoint else None
+    with Journal(data_dir, readonly=True, create=False) as journal:
+        status = journal.verify(external)
+    repairs = [entry for entry in read_operator_log(data_dir)
+               if entry.get("action") == "repair-checkpoint"]
+    return {"ok": True, "integrity": "ok", "data_dir": data_dir, "checkpoint": status.checkpoint,
+            "count": status.checkpoint["count"], "unresolved_count": len(status.unresolved),
+            "external_checkpoint": "ancestor" if external is not None else None,
+            "repairs": repairs}
+
+
+def command_checkpoint(args: argparse.Namespace, data_dir: str) -> dict:
+    with Journal(data_dir, readonly=True) as journal:
+        return journal.checkpoint()
+
+
+def command_resolve(args: argparse.Namespace, data_dir: str) -> dict:
+    operation_id = _operation_id(args.operation_id)
+    evidence = _evidence(args.evidence)
+    owner = probe_owner(data_dir, operation_id)
+    if owner["owner"] == OWNER_RUNNING and not args.force:
+        raise CommandError(
+            "owner_running",
+            f"the worker that started {operation_id} still runs (pid {owner['pid']}); its "
+            "outcome is not final yet. Stop every worker of this profile first, or pass "
+            "--force with evidence that says why", owner=owner)
+    with Journal(data_dir, create=False) as journal:
+        before = journal.checkpoint()
+        previous = journal.resolve(operation_id, outcome=args.outcome, evidence=evidence)
+        after = journal.checkpoint()
+    result = {"ok": True, "integrity": "ok", "data_dir": data_dir, "resolved": operation_id,
+              "outcome": args.outcome, "previous_state": previous.state, "tool": previous.tool,
+              "checkpoint": after, "forced": bool(args.force and owner["owner"] == OWNER_RUNNING)}
+    problem = _append_operator_log(data_dir, {
+        "time": report.iso_utc(time.time_ns()), "action": "resolve", "operation_id": operation_id,
+        "outcome": args.outcome, "evidence": evidence, "forced": result["forced"],
+        "owner": owner["owner"], "checkpoint_before": before, "checkpoint_after": after})
+    if problem:
+        result["operator_log_error"] = problem
+    return result
+
+
+def command_repair(args: argparse.Namespace, data_dir: str) -> dict:
+    evidence = _evidence(args.evidence)
+    with Journal(data_dir, create=False) as journal:
+        before, after = journal.repair_checkpoint()
+    problem = _append_operator_log(data_dir, {
+        "time": report.iso_utc(time.time_ns()), "action": "repair-checkpoint",
+        "evidence": evidence, "checkpoint_before": before, "checkpoint_after": after})
+    result = {"ok": True, "integrity": "ok", "data_dir": data_dir, "repaired": CHECKPOINT_NAME,
+              "checkpoint_before": before, "checkpoint_after": after}
+    if problem:
+        result["operator_log_error"] = problem
+    return result
+
+
+COMMANDS = {"status": command_status, "show": command_show, "log": command_log,
+            "verify": command_verify, "checkpoint": command_checkpoint,
+            "resolve": command_resolve, "repair-checkpoint": command_repair}
+
+
+# ------------------------------------------------------------------- output --
+
+def _table(rows: list, columns: Sequence[str]) -> str:
+    cells = [[str(column) for column in columns]]
+    cells += [["" if row.get(column) is None else str(row.get(column)) for column in columns]
+              for row in rows]
+    widths = [max(len(line[index]) for line in cells) for index in range(len(columns))]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip()
+                     for line in cells)
+
+
+def render_text(command: str, result: dict) -> str:
+    """Aligned, human-readable tables for status/show/log; other commands and
+    errors fall back to indented JSON."""
+    if not result.get("ok", True) or command not in ("status", "show", "log"):
+        return json.dumps(result, indent=2, ensure_ascii=False, sort_keys=True)
+    checkpoint = result.get("checkpoint") or {}
+    header = (f"integrity: {result.get('integrity')}   data dir: {result.get('data_dir')}\n"
+              f"events: {checkpoint.get('count', 0)}   head: {checkpoint.get('head', '-')}")
+    if command == "status":
+        rows = result["unresolved"]
+        for row in rows:
+            row["age"] = report.describe_age(row["age_seconds"])
+        body = ("no unresolved operations: protected calls may run" if not rows else
+                f"{len(rows)} unresolved operation(s) block protected calls:\n" + _table(
+                    rows, ("operation_id", "tool", "state", "reason", "started_at", "age",
+                           "owner", "session_id", "tool_call_id", "args_hash")))
+        return header + "\n" + body
+    if command == "show":
+        operation = result["operation"]
+        lines = [f"{key}: {operation.get(key)}" for key in
+                 ("operation_id", "tool", "state", "session_id", "tool_call_id", "started_at",
+                  "owner", "outcome")]
+        return "\n".join(lines) + "\n" + _table(result["events"], (
+            "seq", "at", "kind", "reason", "outcome", "evidence", "result_hash"))
+    return header + "\n" + _table(result["events"], (
+        "seq", "timestamp_ns", "kind", "operation_id", "tool", "reason", "outcome", "evidence"))
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run one command; print its result; return the exit code (0 or 1)."""
+    parser = build_parser()
+    output_format, command = "json", None
+    try:
+        args = parser.parse_args(argv)
+        output_format, command = args.format, args.command
+        if command is None:
+            raise CommandError("usage", "a command is required (see --help)")
+        data_dir = os.path.abspath(args.data_dir or default_data_dir())
+        result = COMMANDS[command](args, data_dir)
+        exit_code = 0
+    except CommandError as exc:
+        result, exit_code = {"ok": False, "error": {"code": exc.code, "message": exc.message,
+                                                    **exc.details}}, 1
+    except JournalError as exc:
+        result, exit_code = {"ok": False, "integrity": exc.code, "error": exc.to_json()}, 1
+    if command == "log" and exit_code == 0 and getattr(args, "jsonl", False):
+        for event in result["events"]:
+            print(json.dumps(event, ensure_ascii=False, sort_keys=True))
+        return 0
+    if output_format == "text":
+        print(render_text(command or "", result))
+    else:
+        print(json.dumps(result, ensure_ascii=False, sort_keys=True, indent=1))
+    return exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
