@@ -311,13 +311,25 @@ class RecoveryGuard:
         try:
             if self.poisoned:
                 raise _Refusal("guard_poisoned", self.poisoned)
-            journal, owner = self._open()
+            try:
+                journal, owner = self._open()
+            except JournalError as exc:  # e.g. the data directory cannot be resolved
+                raise self._refusal_from(exc, None) from None
             operation_id = str(uuid.uuid4())
             try:
                 journal.open()  # creates the data directory the owner lock lives in
+                # Read-only check before the owner lock is touched: a refusal changes
+                # no file (SPEC §10), and a killed worker's tag in owner.lock stays
+                # as the operator's evidence.  admit() below re-checks under the lock.
+                open_operations = journal.unresolved()
             except JournalError as exc:
                 owner = None
                 raise self._refusal_from(exc, journal) from None
+            if open_operations:
+                owner = None
+                raise self._refusal_from(AdmissionRefused(
+                    "unresolved_operations", "unresolved operations",
+                    operations=[operation.to_json() for operation in open_operations]), journal)
             try:
                 if not owner.acquire(operation_id):
                     owner = None

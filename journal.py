@@ -39,12 +39,13 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import sqlite3
 import threading
 import time
 import urllib.parse
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from json.encoder import encode_basestring as _json_string
 from typing import Any, Callable, Iterator, Optional
 
@@ -55,15 +56,21 @@ MARKER_NAME = "initialized"
 # Fixed name: a temp file left by a killed writer is truncated and reused by the
 # next append instead of accumulating.
 CHECKPOINT_TEMP_NAME = "head.json.tmp"
+WAL_SUFFIX = "-wal"
+# The first 16 bytes of every SQLite 3 database file.
+SQLITE_FILE_HEADER = b"SQLite format 3\x00"
 
 # Seconds a writer waits for SQLite's writer lock before the call is refused.
 # Admissions hold the lock for milliseconds, so waiting longer only delays a refusal.
 DEFAULT_BUSY_TIMEOUT_SECONDS = 5.0
-# Read-only verification re-reads head.json when it is exactly one event ahead,
-# because a live writer is legitimately in that state between os.replace and
-# COMMIT for a few milliseconds (SPEC §7).  Attempts, and the pause in seconds.
+# Read-only verification re-reads head.json when it is ahead of the snapshot it
+# verified, because live writers replace head.json before they COMMIT (SPEC §7)
+# and keep appending while a long verification runs.  Attempts, pause in seconds.
 READ_RETRY_ATTEMPTS = 20
 READ_RETRY_PAUSE_SECONDS = 0.02
+# Pause in seconds between attempts to switch a database another process is
+# creating right now to WAL (bounded by the busy timeout).
+WAL_RETRY_PAUSE_SECONDS = 0.01
 
 STATE_PENDING = "pending"
 STATE_RETURNED = "returned"
@@ -85,6 +92,7 @@ SQL_SELECT_METADATA = "SELECT key, value FROM metadata"
 SQL_SELECT_TABLES = "SELECT name FROM sqlite_master WHERE type = 'table'"
 SQL_SELECT_EVENTS_AFTER = "SELECT seq, payload, previous, hash FROM events WHERE seq > ? ORDER BY seq"
 SQL_SELECT_HASH_AT = "SELECT hash FROM events WHERE seq = ?"
+SQL_SELECT_JOURNAL_ID = "SELECT value FROM metadata WHERE key = 'journal_id'"
 SQL_INSERT_EVENT = "INSERT INTO events(seq, payload, previous, hash) VALUES (?, ?, ?, ?)"
 
 
@@ -116,7 +124,9 @@ class IntegrityError(JournalError):
     ``checkpoint_missing``, ``checkpoint_empty``, ``checkpoint_corrupt``,
     ``checkpoint_foreign``, ``checkpoint_ahead``, ``journal_rolled_back``,
     ``checkpoint_behind``, ``checkpoint_mismatch``, ``missing_database``,
-    ``database_replaced``, ``database_corrupt``, ``checkpoint_not_ancestor``.
+    ``database_replaced``, ``database_corrupt``, ``checkpoint_not_ancestor``,
+    ``stray_wal`` (a non-empty ``-wal`` beside a database file it does not
+    belong to: empty, not SQLite, or another journal's).
     """
 
 
@@ -235,6 +245,32 @@ def _short(text: str, limit: int = 200) -> str:
 
 _boundary_hook: Optional[Callable[[str, str], None]] = None
 
+# Database paths this process holds SQLite connections to (path -> count).  POSIX
+# record locks belong to the process and vanish when *any* descriptor of the file
+# is closed, so a raw open()/close() of a database that another connection here
+# has open would drop that connection's locks: another process closing its last
+# connection then checkpoints and deletes the WAL under it.  Raw reads of the
+# database file happen only while this process has no connection to it.
+_OPEN_DATABASES: dict = {}
+_OPEN_DATABASES_LOCK = threading.Lock()
+
+
+def _remember_database(path: str) -> None:
+    with _OPEN_DATABASES_LOCK:
+        _OPEN_DATABASES[path] = _OPEN_DATABASES.get(path, 0) + 1
+
+
+def _forget_database(path: str) -> None:
+    with _OPEN_DATABASES_LOCK:
+        remaining = _OPEN_DATABASES.get(path, 0) - 1
+        if remaining > 0:
+            _OPEN_DATABASES[path] = remaining
+        else:
+            _OPEN_DATABASES.pop(path, None)
+# Boundary kinds of journal creation (the others are event kinds).
+BOUNDARY_KIND_GENESIS = "genesis"
+BOUNDARY_KIND_MARKER = "marker"
+
 
 def set_boundary_hook(hook: Optional[Callable[[str, str], None]]) -> None:
     """Test seam: call ``hook(boundary, kind)`` at each durable boundary.
@@ -242,7 +278,10 @@ def set_boundary_hook(hook: Optional[Callable[[str, str], None]]) -> None:
     Boundaries of an append: ``begin``, ``inserted``, ``checkpoint_written``,
     ``checkpoint_fsynced``, ``checkpoint_replaced``, ``directory_fsynced``,
     ``committed``; ``kind`` is the event kind being appended.  The guard adds
-    ``downstream_returned`` (kind ``started``).  Crash tests install a hook that
+    ``downstream_returned`` (kind ``started``).  Creating a journal announces
+    ``tables_committed`` and the checkpoint_* boundaries of the first
+    ``head.json`` with kind ``genesis``, then those of the marker with kind
+    ``marker``.  Crash tests install a hook that
     SIGKILLs the process; production never sets one.
     """
     global _boundary_hook
@@ -293,23 +332,38 @@ class Operation:
 class _Chain:
     """Verified summary of a journal prefix.
 
-    Only open (pending/uncertain) operations are kept as objects; closed ones are
-    kept as ids so that reuse and late events are still caught without holding a
-    million records in memory.
+    Open (pending/uncertain) operations are kept as light records
+    ``[started payload, started seq, state, reason, last seq]`` and turned into
+    :class:`Operation` objects only on demand; closed ones are kept as ids so
+    that reuse and late events are still caught without holding a million
+    records in memory.
     """
     journal_id: str
     schema: str
     count: int
     head: str
-    open: dict = field(default_factory=dict)      # operation_id -> Operation
+    open: dict = field(default_factory=dict)      # operation_id -> open record (list)
     closed: set = field(default_factory=set)      # operation ids returned/resolved
-
-    def copy(self) -> "_Chain":
-        return _Chain(self.journal_id, self.schema, self.count, self.head,
-                      dict(self.open), set(self.closed))
 
     def checkpoint(self) -> dict:
         return checkpoint_of(self.journal_id, self.count, self.head, self.schema)
+
+    def operation(self, operation_id: str) -> Optional[Operation]:
+        """The open operation with that id, or None."""
+        record = self.open.get(operation_id)
+        if record is None:
+            return None
+        started, started_seq, state, reason, last_seq = record
+        return Operation(operation_id=operation_id, state=state, tool=started["tool"],
+                         session_id=started["session_id"], tool_call_id=started["tool_call_id"],
+                         args_hash=started["args_hash"], fingerprint=started["fingerprint"],
+                         started_seq=started_seq, started_ns=started["timestamp_ns"],
+                         last_seq=last_seq, reason=reason)
+
+    def operations(self) -> list:
+        """Every open operation, oldest first."""
+        return sorted((self.operation(operation_id) for operation_id in self.open),
+                      key=lambda operation: operation.started_seq)
 
 
 @dataclass(frozen=True)
@@ -324,13 +378,22 @@ class JournalStatus:
                 "unresolved": [operation.to_json() for operation in self.unresolved]}
 
 
+_HEX_DIGITS = "0123456789abcdef"
+# The form uuid4() prints; other spellings uuid.UUID accepts take the slow path.
+_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
 def _is_hex64(value: Any) -> bool:
-    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+    """Lower-case SHA-256 hex.  (str.strip is ~20x faster than a per-character
+    loop, and this runs for every stored event.)"""
+    return isinstance(value, str) and len(value) == 64 and not value.strip(_HEX_DIGITS)
 
 
 def _is_uuid(value: Any) -> bool:
     if not isinstance(value, str):
         return False
+    if _CANONICAL_UUID.fullmatch(value):
+        return True
     try:
         uuid.UUID(value)
     except ValueError:
@@ -343,76 +406,96 @@ def _optional_text(value: Any) -> bool:
 
 
 def _payload_problem(payload: Any, schema: str) -> Optional[str]:
-    """Why a decoded payload is not a valid v1 event, or None (SPEC §5)."""
-    if not isinstance(payload, dict):
+    """Why a decoded payload is not a valid v1 event, or None (SPEC §5).
+    Runs once per stored event: plain ``type() is`` checks, one lookup per field."""
+    if type(payload) is not dict:
         return "payload is not a JSON object"
-    if payload.get("schema") != schema:
-        return f"payload schema is {payload.get('schema')!r}"
-    stamp = payload.get("timestamp_ns")
-    if not (isinstance(stamp, int) and not isinstance(stamp, bool) and stamp >= 0):
+    get = payload.get
+    if get("schema") != schema:
+        return f"payload schema is {get('schema')!r}"
+    stamp = get("timestamp_ns")
+    if type(stamp) is not int or stamp < 0:  # type() also rejects bool
         return "timestamp_ns is not a non-negative integer"
-    if not _is_uuid(payload.get("operation_id")):
+    # A UUID check on `started` suffices: every later event must name an open
+    # operation (else invalid_transition); non-text ids must not reach a dict.
+    if type(get("operation_id")) is not str:
         return "operation_id is not a UUID"
-    kind = payload.get("kind")
+    kind = get("kind")
     if kind == "started":
-        if not (isinstance(payload.get("tool"), str) and payload["tool"]):
+        if not _is_uuid(payload["operation_id"]):
+            return "operation_id is not a UUID"
+        tool = get("tool")
+        if type(tool) is not str or not tool:
             return "started without a tool name"
-        if not (_is_hex64(payload.get("fingerprint")) and _is_hex64(payload.get("args_hash"))):
+        if not (_is_hex64(get("fingerprint")) and _is_hex64(get("args_hash"))):
             return "started without SHA-256 fingerprint/args_hash"
         if "session_id" not in payload or "tool_call_id" not in payload:
             return "started without session_id/tool_call_id"
         if not (_optional_text(payload["session_id"]) and _optional_text(payload["tool_call_id"])):
             return "session_id/tool_call_id is neither text nor null"
-    elif kind in REASONS:
-        if not _is_hex64(payload.get("result_hash")):
+        return None
+    reasons = REASONS.get(kind)
+    if reasons is not None:
+        if not _is_hex64(get("result_hash")):
             return f"{kind} without a SHA-256 result_hash"
-        if payload.get("reason") not in REASONS[kind]:
-            return f"{kind} with reason {payload.get('reason')!r}"
-    elif kind == "resolved":
-        if payload.get("outcome") not in OUTCOMES:
-            return f"resolved with outcome {payload.get('outcome')!r}"
-        evidence = payload.get("evidence")
-        if not (isinstance(evidence, str) and evidence.strip()):
+        if get("reason") not in reasons:
+            return f"{kind} with reason {get('reason')!r}"
+        return None
+    if kind == "resolved":
+        if get("outcome") not in OUTCOMES:
+            return f"resolved with outcome {get('outcome')!r}"
+        evidence = get("evidence")
+        if type(evidence) is not str or not evidence.strip():
             return "resolved without evidence"
-    else:
-        return f"unknown kind {kind!r}"
-    return None
+        return None
+    return f"unknown kind {kind!r}"
 
 
 def _apply_event(chain: _Chain, seq: int, payload: dict) -> None:
     """Apply one valid payload to ``chain``; raise ``invalid_transition`` (SPEC §5)."""
     kind = payload["kind"]
     operation_id = payload["operation_id"]
-    current = chain.open.get(operation_id)
+    record = chain.open.get(operation_id)
     if kind == "started":
-        if current is not None or operation_id in chain.closed:
+        if record is not None or operation_id in chain.closed:
             raise IntegrityError("invalid_transition",
                                  f"seq {seq}: started reuses operation id {operation_id}", seq=seq)
-        chain.open[operation_id] = Operation(
-            operation_id=operation_id, state=STATE_PENDING, tool=payload["tool"],
-            session_id=payload["session_id"], tool_call_id=payload["tool_call_id"],
-            args_hash=payload["args_hash"], fingerprint=payload["fingerprint"],
-            started_seq=seq, started_ns=payload["timestamp_ns"], last_seq=seq)
+        chain.open[operation_id] = [payload, seq, STATE_PENDING, None, seq]
         return
-    if current is None:
+    if record is None:
         where = "closed" if operation_id in chain.closed else "unknown"
         raise IntegrityError("invalid_transition",
                              f"seq {seq}: {kind} for {where} operation {operation_id}", seq=seq)
-    if kind in ("returned", "uncertain"):
-        if current.state != STATE_PENDING:
-            raise IntegrityError("invalid_transition",
-                                 f"seq {seq}: {kind} for {current.state} operation {operation_id}",
-                                 seq=seq)
-        if kind == "returned":
-            del chain.open[operation_id]
-            chain.closed.add(operation_id)
-        else:
-            chain.open[operation_id] = replace(current, state=STATE_UNCERTAIN,
-                                               reason=payload["reason"], last_seq=seq)
+    if kind == "resolved":  # legal for pending and uncertain, i.e. every open operation
+        del chain.open[operation_id]
+        chain.closed.add(operation_id)
         return
-    # resolved: legal for pending and uncertain, i.e. for every open operation
-    del chain.open[operation_id]
-    chain.closed.add(operation_id)
+    if record[2] != STATE_PENDING:
+        raise IntegrityError("invalid_transition",
+                             f"seq {seq}: {kind} for {record[2]} operation {operation_id}", seq=seq)
+    if kind == "returned":
+        del chain.open[operation_id]
+        chain.closed.add(operation_id)
+    else:
+        record[2:] = [STATE_UNCERTAIN, payload["reason"], seq]
+
+
+_DECODER = json.JSONDecoder()
+
+
+def _decode_payload(text: str) -> Any:
+    """``json.loads(text)``, or None when it is not JSON.  ``raw_decode`` first:
+    it skips ``loads``' wrapper work, a measurable share of verification."""
+    try:
+        value, end = _DECODER.raw_decode(text)
+        if end == len(text):
+            return value
+    except (ValueError, RecursionError):
+        pass
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return None
 
 
 def _extend_chain(chain: _Chain, rows: Iterator[tuple]) -> None:
@@ -422,7 +505,8 @@ def _extend_chain(chain: _Chain, rows: Iterator[tuple]) -> None:
     expected_seq = chain.count
     head = chain.head
     schema = chain.schema
-    loads = json.loads
+    sha256 = hashlib.sha256
+    quote = _json_string
     for seq, payload_text, previous, stored_hash in rows:
         expected_seq += 1
         if seq != expected_seq:
@@ -434,19 +518,18 @@ def _extend_chain(chain: _Chain, rows: Iterator[tuple]) -> None:
                                  seq=seq)
         if not isinstance(payload_text, str):
             raise IntegrityError("invalid_payload", f"seq {seq}: payload is not text", seq=seq)
-        try:
-            computed = event_hash(head, payload_text)
+        try:  # event_hash(), inlined: this loop runs once per stored event
+            computed = sha256(('{"payload":%s,"previous":"%s"}' % (quote(payload_text), head))
+                              .encode("utf-8")).hexdigest()
         except UnicodeEncodeError:
             raise IntegrityError("invalid_payload", f"seq {seq}: payload is not valid UTF-8",
                                  seq=seq) from None
         if computed != stored_hash:
             raise IntegrityError("hash_mismatch",
                                  f"seq {seq}: stored hash differs from the recomputed hash", seq=seq)
-        try:
-            payload = loads(payload_text)
-        except ValueError:
-            raise IntegrityError("invalid_payload", f"seq {seq}: payload is not JSON",
-                                 seq=seq) from None
+        payload = _decode_payload(payload_text)
+        if payload is None:
+            raise IntegrityError("invalid_payload", f"seq {seq}: payload is not JSON", seq=seq)
         problem = _payload_problem(payload, schema)
         if problem is not None:
             raise IntegrityError("invalid_payload", f"seq {seq}: {problem}", seq=seq)
@@ -473,6 +556,14 @@ def _translate_sqlite_error(exc: sqlite3.Error, action: str) -> JournalError:
             or "disk i/o" in lowered or "disk is full" in lowered or "permission" in lowered):
         return JournalUnavailable("storage_unavailable", f"{action}: {text}")
     return JournalUnavailable("database_error", f"{action}: {type(exc).__name__}: {text}")
+
+
+def _file_size(path: str) -> int:
+    """Size in bytes, or -1 when the file does not exist or cannot be read."""
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return -1
 
 
 def _storage_error(exc: OSError, action: str) -> JournalUnavailable:
@@ -517,6 +608,9 @@ class Journal:
         self._file_identity: Optional[tuple] = None
         self._chain: Optional[_Chain] = None
         self._data_version: Optional[int] = None
+        self._appending = False  # an append began in the current transaction
+        # head.json before the current append, restored if it fails after the INSERT.
+        self._undo_checkpoint: Optional[dict] = None
 
     # ------------------------------------------------------------ public --
 
@@ -577,7 +671,7 @@ class Journal:
             if chain.open:
                 raise self._refusal(chain)
             self._append(chain, payload)
-            return chain.open[operation_id]
+            return chain.operation(operation_id)
 
     def record_outcome(self, operation_id: str, *, uncertain: bool, result_hash: str,
                        reason: str) -> None:
@@ -586,7 +680,7 @@ class Journal:
         ``operation_not_pending`` if it is not pending (e.g. force-resolved)."""
         kind = "uncertain" if uncertain else "returned"
         with self._verified(write=True, kind=kind) as chain:
-            current = chain.open.get(operation_id)
+            current = chain.operation(operation_id)
             if current is None or current.state != STATE_PENDING:
                 raise AdmissionRefused("operation_not_pending",
                                        f"operation {operation_id} is not pending",
@@ -607,7 +701,7 @@ class Journal:
         if not (isinstance(evidence, str) and evidence.strip()):
             raise AdmissionRefused("invalid_request", "evidence must be non-empty text")
         with self._verified(write=True, kind="resolved") as chain:
-            current = chain.open.get(operation_id)
+            current = chain.operation(operation_id)
             if current is None:
                 if operation_id in chain.closed:
                     raise AdmissionRefused("operation_not_open",
@@ -676,6 +770,7 @@ class Journal:
             if self._connection is not None:
                 with contextlib.suppress(sqlite3.Error):
                     self._connection.close()
+                _forget_database(self.database_path)
             self._connection = None
             self._chain = None
 
@@ -707,6 +802,9 @@ class Journal:
                                              and not os.path.isdir(self.data_dir)):
             raise JournalUnavailable("storage_unavailable",
                                      f"data directory {self.data_dir} is not a directory")
+        with _OPEN_DATABASES_LOCK:  # see _OPEN_DATABASES: never drop a sibling's locks
+            if not _OPEN_DATABASES.get(self.database_path):
+                self._refuse_rewritable_database()
         if not os.path.exists(self.database_path):
             # Survivors are checked before the database is looked at again: a
             # concurrent creator makes the database first, then head.json/marker.
@@ -731,9 +829,10 @@ class Journal:
                                              isolation_level=None, check_same_thread=False)
         except sqlite3.Error as exc:
             raise _translate_sqlite_error(exc, "opening the journal database") from None
+        _remember_database(self.database_path)  # before any statement takes a lock
         try:
             if not self.readonly:
-                mode = connection.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+                mode = self._enable_wal(connection)
                 if str(mode).lower() != "wal":
                     raise JournalUnavailable(
                         "wal_unavailable",
@@ -743,13 +842,96 @@ class Journal:
             identity = os.stat(self.database_path)
         except sqlite3.Error as exc:
             connection.close()
+            _forget_database(self.database_path)
             raise _translate_sqlite_error(exc, "configuring the journal database") from None
         except BaseException:
             connection.close()
+            _forget_database(self.database_path)
             raise
         self._connection = connection
         self._file_identity = (identity.st_dev, identity.st_ino)
         return connection
+
+    def _enable_wal(self, connection: sqlite3.Connection) -> str:
+        """``PRAGMA journal_mode=WAL``, retried while another process is creating
+        the same fresh database: SQLite reports that lock at once, without its
+        busy handler, so the busy timeout is applied here."""
+        deadline = time.monotonic() + self.busy_timeout
+        while True:
+            try:
+                return connection.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc).lower() or time.monotonic() >= deadline:
+                    raise
+            time.sleep(WAL_RETRY_PAUSE_SECONDS)
+
+    def _refuse_rewritable_database(self) -> None:
+        """Never hand SQLite a database file it would silently rewrite.
+
+        SQLite deletes a ``-wal`` beside an empty database file (even when
+        opened read-only) -- possibly the only copy of the journal -- and reads
+        a non-SQLite file entirely from the WAL: both are a stray WAL beside a
+        replaced database (``stray_wal``).  An empty file beside the marker or
+        checkpoint would get a fresh header (``missing_database``).  Nothing is
+        opened or changed in either case.
+        """
+        try:
+            with open(self.database_path, "rb") as stream:
+                header = stream.read(len(SQLITE_FILE_HEADER))
+        except FileNotFoundError:
+            return  # removed meanwhile: SQLite and the identity checks decide
+        except OSError as exc:
+            raise _storage_error(exc, f"reading {DATABASE_NAME}") from None
+        if header == SQLITE_FILE_HEADER:
+            self._check_wal_owner()
+            return
+        if _file_size(self.database_path + WAL_SUFFIX) > 0:
+            raise IntegrityError(
+                "stray_wal",
+                f"{DATABASE_NAME} is {'empty' if not header else 'not an SQLite database'} but a "
+                f"non-empty {DATABASE_NAME}{WAL_SUFFIX} lies beside it: the database was replaced "
+                "and the WAL belongs to another file; nothing was opened",
+                survivors=self._survivors())
+        if not header and (os.path.lexists(self.marker_path)
+                           or os.path.lexists(self.checkpoint_path)):
+            raise IntegrityError(
+                "missing_database",
+                f"{DATABASE_NAME} is empty while the marker or checkpoint survives; "
+                "it is never re-created over surviving state", survivors=self._survivors())
+
+    def _check_wal_owner(self) -> None:
+        """A WAL is not bound to its database file: beside a database replaced by
+        another journal's, SQLite shows the WAL's pages -- and the first writer
+        to close would checkpoint them into the replacement.  So before a
+        writable connection exists, the main file on its own (``immutable=1``
+        ignores the WAL) and the WAL's view (read-only: never checkpoints) must
+        name the same journal."""
+        if _file_size(self.database_path + WAL_SUFFIX) <= 0:
+            return
+        quoted = "file:" + urllib.parse.quote(self.database_path)
+        found = []
+        for query in ("?mode=ro&immutable=1", "?mode=ro"):
+            try:
+                probe = sqlite3.connect(quoted + query, uri=True, isolation_level=None,
+                                        timeout=self.busy_timeout)
+                try:
+                    row = probe.execute(SQL_SELECT_JOURNAL_ID).fetchone()
+                finally:
+                    probe.close()
+            except sqlite3.Error:
+                # Deliberately not translated: a main file without tables yet
+                # (nothing checkpointed), one being checkpointed right now, or a
+                # database the real open reports on is no evidence here.
+                return
+            if row is None:
+                return
+            found.append(row[0])
+        if found[0] != found[1]:
+            raise IntegrityError(
+                "stray_wal",
+                f"{DATABASE_NAME} on its own is journal {_short(str(found[0]))} but its "
+                f"{WAL_SUFFIX} file shows journal {_short(str(found[1]))}: the database was "
+                "replaced beside a stray WAL; nothing was written", survivors=self._survivors())
 
     def _check_file_identity(self) -> None:
         """Detect a database deleted or replaced under a live connection."""
@@ -768,6 +950,7 @@ class Journal:
         if self._connection is not None:
             with contextlib.suppress(sqlite3.Error):
                 self._connection.close()
+            _forget_database(self.database_path)
         self._connection = None
         self._chain = None
 
@@ -793,13 +976,17 @@ class Journal:
             except sqlite3.Error as exc:
                 raise _translate_sqlite_error(exc, "taking the journal writer lock") from None
             reach_boundary("begin", kind)
+            self._appending = False
+            self._undo_checkpoint = None
             try:
                 chain = self._verify_locked(connection, check_checkpoint)
                 yield chain
             except BaseException:
-                self._chain = None  # the cached chain may be half-extended
+                if self._appending:
+                    self._chain = None  # half-appended: re-verify from the database
                 with contextlib.suppress(sqlite3.Error):
                     connection.execute("ROLLBACK")
+                self._restore_checkpoint()
                 raise
             if connection.in_transaction:
                 try:
@@ -808,6 +995,7 @@ class Journal:
                     self._chain = None
                     with contextlib.suppress(sqlite3.Error):
                         connection.execute("ROLLBACK")
+                    self._restore_checkpoint()
                     raise _translate_sqlite_error(exc, "committing") from None
                 if kind:
                     reach_boundary("committed", kind)
@@ -830,11 +1018,15 @@ class Journal:
         except JournalError:
             self._chain = None
             raise
-        if chain.count == 0:
-            self._complete_initialization(chain)
-        self._check_marker(chain)
-        if check_checkpoint:
-            self._check_checkpoint(chain)
+        try:
+            if chain.count == 0:
+                self._complete_initialization(chain)
+            self._check_marker(chain)
+            if check_checkpoint:
+                self._check_checkpoint(chain)
+        except BaseException:
+            self._chain = None
+            raise
         self._chain = chain
         self._data_version = version
         return chain
@@ -858,7 +1050,10 @@ class Journal:
                     self._check_checkpoint(chain)
                     return chain
                 except IntegrityError as exc:
-                    if exc.code != "checkpoint_ahead" or attempt == READ_RETRY_ATTEMPTS - 1:
+                    # Live writers keep head.json ahead of an older snapshot;
+                    # a real rollback stays ahead after catching up.
+                    if (exc.code not in ("checkpoint_ahead", "journal_rolled_back")
+                            or attempt == READ_RETRY_ATTEMPTS - 1):
                         raise
                 time.sleep(READ_RETRY_PAUSE_SECONDS)
                 # Catch up with whatever committed meanwhile, verifying the link.
@@ -900,6 +1095,7 @@ class Journal:
         if not _is_uuid(journal_id):
             raise IntegrityError("invalid_metadata",
                                  f"metadata journal_id {_short(repr(journal_id))} is not a UUID")
+        self._check_marker_identity(journal_id)
         return _Chain(journal_id=journal_id, schema=schema, count=0,
                       head=genesis_hash(journal_id, schema))
 
@@ -912,6 +1108,7 @@ class Journal:
         connection.execute(SQL_INSERT_METADATA, ("journal_id", journal_id))
         connection.execute(SQL_INSERT_METADATA, ("schema", SCHEMA))
         connection.execute("COMMIT")
+        reach_boundary("tables_committed", BOUNDARY_KIND_GENESIS)
         connection.execute("BEGIN IMMEDIATE")
         return _Chain(journal_id=journal_id, schema=SCHEMA, count=0,
                       head=genesis_hash(journal_id, SCHEMA))
@@ -922,12 +1119,33 @@ class Journal:
         if self.readonly:
             return
         if not os.path.lexists(self.checkpoint_path):
-            self._write_checkpoint(chain.checkpoint(), announce="")
+            self._write_checkpoint(chain.checkpoint(), announce=BOUNDARY_KIND_GENESIS)
         if not os.path.lexists(self.marker_path):
             self._write_atomically(self.marker_path,
-                                   marker_text(chain.journal_id, chain.schema).encode("utf-8"))
+                                   marker_text(chain.journal_id, chain.schema).encode("utf-8"),
+                                   announce=BOUNDARY_KIND_MARKER)
 
     # --------------------------------------------------------- checks --
+
+    def _creation_interrupted(self, chain: _Chain) -> bool:
+        """Read-only view of an empty journal whose creator died before writing
+        head.json or the marker: not corrupt (SPEC §7) -- with no event there is
+        nothing to lose, and the next writer completes it."""
+        return self.readonly and chain.count == 0
+
+    def _check_marker_identity(self, journal_id: str) -> None:
+        """Before the chain is read: a marker naming another journal means the
+        metadata was changed (or the database swapped) -- not a broken link."""
+        try:
+            with open(self.marker_path, "rb") as stream:
+                decoded = json.loads(stream.read(4096))
+        except (OSError, ValueError):
+            return  # missing or unreadable: _check_marker names it after the chain
+        if (isinstance(decoded, dict) and _is_uuid(decoded.get("journal_id"))
+                and decoded["journal_id"] != journal_id):
+            raise IntegrityError("identity_mismatch",
+                                 f"{MARKER_NAME} names journal {decoded['journal_id']} but the "
+                                 f"database metadata names {journal_id}")
 
     def _check_marker(self, chain: _Chain) -> None:
         expected = marker_text(chain.journal_id, chain.schema).encode("utf-8")
@@ -935,6 +1153,8 @@ class Journal:
             with open(self.marker_path, "rb") as stream:
                 found = stream.read(4096)
         except FileNotFoundError:
+            if self._creation_interrupted(chain):
+                return
             raise IntegrityError("marker_missing",
                                  f"{MARKER_NAME} is missing beside a journal with "
                                  f"{chain.count} events") from None
@@ -958,6 +1178,8 @@ class Journal:
             with open(self.checkpoint_path, "rb") as stream:
                 found = stream.read(65536)
         except FileNotFoundError:
+            if self._creation_interrupted(chain):
+                return
             raise IntegrityError("checkpoint_missing", f"{CHECKPOINT_NAME} is missing") from None
         except OSError as exc:
             raise _storage_error(exc, f"reading {CHECKPOINT_NAME}") from None
@@ -1031,14 +1253,14 @@ class Journal:
                                  checkpoint_count=count, journal_count=chain.count)
 
     def _refusal(self, chain: _Chain) -> AdmissionRefused:
-        operations = sorted(chain.open.values(), key=lambda operation: operation.started_seq)
+        operations = chain.operations()
         return AdmissionRefused(
             "unresolved_operations",
             f"{len(operations)} protected operation(s) have an unknown outcome",
             operations=[operation.to_json() for operation in operations])
 
     def _status_of(self, chain: _Chain) -> JournalStatus:
-        operations = sorted(chain.open.values(), key=lambda operation: operation.started_seq)
+        operations = chain.operations()
         return JournalStatus(checkpoint=chain.checkpoint(), unresolved=tuple(operations))
 
     # --------------------------------------------------------- appends --
@@ -1057,15 +1279,29 @@ class Journal:
             raise AdmissionRefused("invalid_request", f"refusing to write an invalid event: {problem}")
         seq = chain.count + 1
         new_hash = event_hash(chain.head, payload_text)
+        self._appending = True  # from here on a failure invalidates the cached chain
         _apply_event(chain, seq, payload)  # raises invalid_transition before any write
         try:
             self._connection.execute(SQL_INSERT_EVENT, (seq, payload_text, chain.head, new_hash))
         except sqlite3.Error as exc:
             raise _translate_sqlite_error(exc, f"inserting the {kind} event") from None
         reach_boundary("inserted", kind)
+        self._undo_checkpoint = chain.checkpoint()  # what head.json says before this append
         chain.count = seq
         chain.head = new_hash
         self._write_checkpoint(chain.checkpoint(), announce=kind)
+
+    def _restore_checkpoint(self) -> None:
+        """An append failed (an exception, not a crash) after its INSERT and the
+        transaction was rolled back: head.json may already name the lost event,
+        so the previous checkpoint is put back under the same writer lock.
+        Best effort -- if that fails too, head.json stays one ahead
+        (``checkpoint_ahead``), which blocks and never admits."""
+        undo, self._undo_checkpoint = self._undo_checkpoint, None
+        if undo is None:
+            return
+        with contextlib.suppress(JournalError, OSError):
+            self._write_checkpoint(undo, announce="")
 
     def _write_checkpoint(self, checkpoint: dict, *, announce: str) -> None:
         content = canonical_text(checkpoint).encode("utf-8")

@@ -26,17 +26,19 @@ import json
 import os
 import sys
 import time
+import unicodedata
 import uuid
 from typing import Any, Optional, Sequence
 
 try:  # package (pip install: console script) or top-level (python operator_cli.py)
     from . import report
-    from .journal import CHECKPOINT_NAME, Journal, JournalError, canonical_text
+    from .journal import (CHECKPOINT_NAME, AdmissionRefused, Journal, JournalError,
+                          canonical_text)
     from .owner import OWNER_RUNNING, probe_owner
 except ImportError:
     import report  # type: ignore[no-redef]
-    from journal import (CHECKPOINT_NAME, Journal, JournalError,  # type: ignore[no-redef]
-                         canonical_text)
+    from journal import (CHECKPOINT_NAME, AdmissionRefused, Journal,  # type: ignore[no-redef]
+                         JournalError, canonical_text)
     from owner import OWNER_RUNNING, probe_owner  # type: ignore[no-redef]
 
 OPERATOR_LOG_NAME = "operator.log"
@@ -46,6 +48,25 @@ EVIDENCE_MAX_CHARS = 65536
 # Enough to re-run a verification on many past repairs, bounded so a huge log
 # cannot make `verify` slow.
 OPERATOR_LOG_MAX_LINES = 10000
+# The next step for a person who meets an error code (added to the error as
+# ``hint``); codes not listed need no more than their message.
+ERROR_HINTS = {
+    "checkpoint_ahead": "if the host or worker crashed while writing (the usual cause), stop "
+                        "every worker and run `repair-checkpoint --evidence TEXT`; it re-anchors "
+                        "head.json to the verified database and keeps every open operation "
+                        "blocking",
+    "owner_running": "stop the worker (or wait for the call to finish), then run `status` again; "
+                     "use --force only when you know the worker can no longer act, and say why "
+                     "in --evidence",
+    "journal_absent": "no journal in this directory: check --data-dir (or HERMES_HOME); the "
+                      "directory is created by the first protected call",
+    "operation_not_open": "the operation is already settled: `show OP` prints its history",
+    "unknown_operation": "copy the operation id from `status`",
+    "repair_not_applicable": "repair-checkpoint only clears checkpoint_ahead; any other "
+                             "integrity failure needs investigation (restore from backup, compare "
+                             "with an exported checkpoint using `verify --checkpoint FILE`)",
+    "database_locked": "a worker holds the journal's writer lock; retry in a moment",
+}
 
 
 class CommandError(Exception):
@@ -71,34 +92,61 @@ def default_data_dir() -> str:
     return os.path.join(home, "plugin-data", "crash-recovery")
 
 
+# The procedure, for a person who has only --help at hand.
+RUNBOOK_EPILOG = """\
+when protected calls are blocked:
+  1. stop every worker (gateway, agents) of this profile
+  2. status --format text        what is unresolved, and whether its owner still runs
+  3. show OP --format text       the operation's whole history
+  4. check the real service (receipt, request log, database row) for that call
+  5. resolve OP --outcome completed|not_applied --evidence "what you checked"
+     (cannot tell? leave it unresolved: the gate stays closed, nothing is repeated)
+integrity errors: verify; checkpoint_ahead after a crash: repair-checkpoint --evidence TEXT
+output: one JSON document (exit 0 ok, 1 error); --format text for status/show/log
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="operator_cli.py",
-                     description="Inspect and settle the crash-recovery journal (SPEC §11).")
+                     description="Inspect and settle the crash-recovery journal (SPEC §11).",
+                     epilog=RUNBOOK_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", default=None,
                         help="the profile's plugin data directory "
                              "(default: $HERMES_HOME/plugin-data/crash-recovery)")
     parser.add_argument("--format", choices=("json", "text"), default="json",
                         help="json (default) or aligned text tables for status/show/log")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    commands.add_parser("status", help="integrity and unresolved operations")
-    show = commands.add_parser("show", help="one operation's verified history")
-    show.add_argument("operation_id")
-    log = commands.add_parser("log", help="verified export of events")
+    # `status --format text` works too: people put options after the command.
+    # SUPPRESS keeps a value given before the command when none is given after.
+    format_option = _Parser(add_help=False)
+    format_option.add_argument("--format", choices=("json", "text"), default=argparse.SUPPRESS,
+                               help="json (default) or aligned text tables")
+    commands.add_parser("status", help="integrity and unresolved operations",
+                        parents=[format_option])
+    show = commands.add_parser("show", help="one operation's verified history",
+                               parents=[format_option])
+    show.add_argument("operation_id", help="an operation id from `status` or `log`")
+    log = commands.add_parser("log", help="verified export of events", parents=[format_option])
     log.add_argument("--since", type=int, default=0, help="only events with seq > SINCE")
     log.add_argument("--jsonl", action="store_true", help="one JSON event per line")
-    verify = commands.add_parser("verify", help="full verification")
+    verify = commands.add_parser("verify", help="full verification", parents=[format_option])
     verify.add_argument("--checkpoint", help="an exported checkpoint that must be an ancestor")
-    commands.add_parser("checkpoint", help="print the current checkpoint")
-    resolve = commands.add_parser("resolve", help="settle a pending or uncertain operation")
-    resolve.add_argument("operation_id")
-    resolve.add_argument("--outcome", required=True, choices=("completed", "not_applied"))
+    commands.add_parser("checkpoint", help="print the current checkpoint (keep it elsewhere)",
+                        parents=[format_option])
+    resolve = commands.add_parser("resolve", help="settle a pending or uncertain operation",
+                                  parents=[format_option])
+    resolve.add_argument("operation_id", help="an operation id from `status`")
+    resolve.add_argument("--outcome", required=True, choices=("completed", "not_applied"),
+                         help="completed: the side effect happened; not_applied: it did not "
+                              "(future calls may run; nothing is replayed)")
     resolve.add_argument("--evidence", required=True,
                          help="what you checked in the real service (receipt, log line, row)")
     resolve.add_argument("--force", action="store_true",
                          help="resolve although the operation's worker still runs; the "
                               "evidence must say why")
     repair = commands.add_parser("repair-checkpoint",
-                                 help="re-anchor head.json after a crash between replace and commit")
+                                 help="re-anchor head.json after a crash between replace and commit",
+                                 parents=[format_option])
     repair.add_argument("--evidence", required=True, help="why this repair is justified")
     return parser
 
@@ -176,6 +224,21 @@ def read_operator_log(data_dir: str) -> list:
     return entries
 
 
+def _lost_event(unresolved: tuple) -> str:
+    """What the uncommitted event dropped by ``repair-checkpoint`` can have been.
+
+    Admission refuses while any operation is open, so with none open the lost
+    event can only be a ``started`` (its tool never ran: downstream starts after
+    COMMIT); with one open it was that operation's outcome or resolution, and
+    the operation stays open and blocking."""
+    if not unresolved:
+        return ("a started event: that call was never admitted and its tool never ran "
+                "(downstream starts only after the commit)")
+    return (f"an outcome or resolution of operation {unresolved[0].operation_id} "
+            f"({unresolved[0].tool}); it stays {unresolved[0].state} and keeps blocking until "
+            "an operator resolves it")
+
+
 def _history(events: list, operation_id: str) -> list:
     return [dict(payload, seq=seq) for seq, payload in events
             if payload.get("operation_id") == operation_id]
@@ -191,7 +254,9 @@ def command_status(args: argparse.Namespace, data_dir: str) -> dict:
         return {"ok": True, "integrity": "ok", "journal": "absent", "data_dir": data_dir,
                 "checkpoint": None, "unresolved": []}
     if not result["ok"]:
-        raise JournalError(result["integrity"], result["error"]["message"])
+        details = {key: value for key, value in result["error"].items()
+                   if key not in ("code", "message")}
+        raise JournalError(result["integrity"], result["error"]["message"], **details)
     result["journal"] = "present"
     return result
 
@@ -210,11 +275,15 @@ def command_show(args: argparse.Namespace, data_dir: str) -> dict:
         operation = report.operation_view(open_operation, data_dir)
     else:
         started, last = history[0], history[-1]
+        reason = next((event.get("reason") for event in reversed(history) if "reason" in event),
+                      None)
         operation = {"operation_id": operation_id, "state": last["kind"], "tool": started.get("tool"),
                      "session_id": started.get("session_id"),
                      "tool_call_id": started.get("tool_call_id"),
+                     "args_hash": started.get("args_hash"),
+                     "fingerprint": started.get("fingerprint"),
                      "started_at": report.iso_utc(started["timestamp_ns"]),
-                     "outcome": last.get("outcome"), "owner": None}
+                     "reason": reason, "outcome": last.get("outcome"), "owner": None}
     for event in history:
         event["at"] = report.iso_utc(event["timestamp_ns"])
     return {"ok": True, "integrity": "ok", "data_dir": data_dir, "operation": operation,
@@ -276,11 +345,16 @@ def command_repair(args: argparse.Namespace, data_dir: str) -> dict:
     evidence = _evidence(args.evidence)
     with Journal(data_dir, create=False) as journal:
         before, after = journal.repair_checkpoint()
+        unresolved = journal.status().unresolved
+    lost_event = _lost_event(unresolved)
     problem = _append_operator_log(data_dir, {
         "time": report.iso_utc(time.time_ns()), "action": "repair-checkpoint",
-        "evidence": evidence, "checkpoint_before": before, "checkpoint_after": after})
+        "evidence": evidence, "checkpoint_before": before, "checkpoint_after": after,
+        "lost_event": lost_event})
     result = {"ok": True, "integrity": "ok", "data_dir": data_dir, "repaired": CHECKPOINT_NAME,
-              "checkpoint_before": before, "checkpoint_after": after}
+              "checkpoint_before": before, "checkpoint_after": after, "lost_event": lost_event,
+              "unresolved": [report.operation_view(operation, data_dir)
+                             for operation in unresolved]}
     if problem:
         result["operator_log_error"] = problem
     return result
@@ -293,41 +367,101 @@ COMMANDS = {"status": command_status, "show": command_show, "log": command_log,
 
 # ------------------------------------------------------------------- output --
 
+# Characters that would break a table row: newlines, tabs and other controls.
+_CONTROL_ESCAPES = {code: f"\\x{code:02x}" for code in (*range(0x20), 0x7f)}
+_CONTROL_ESCAPES.update({ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"})
+
+
+def _cell(value: Any) -> str:
+    """One table cell: ``-`` for nothing, control characters escaped."""
+    return "-" if value is None or value == "" else str(value).translate(_CONTROL_ESCAPES)
+
+
+def _display_width(text: str) -> int:
+    """Terminal columns of ``text``: wide (CJK) characters take two, combining marks none."""
+    return sum(0 if unicodedata.combining(character) else
+               2 if unicodedata.east_asian_width(character) in "WF" else 1
+               for character in text)
+
+
 def _table(rows: list, columns: Sequence[str]) -> str:
-    cells = [[str(column) for column in columns]]
-    cells += [["" if row.get(column) is None else str(row.get(column)) for column in columns]
-              for row in rows]
-    widths = [max(len(line[index]) for line in cells) for index in range(len(columns))]
-    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip()
+    """Rows (dicts) under upper-case column titles, columns padded to equal
+    display width and separated by two spaces."""
+    cells = [[column.upper() for column in columns]]
+    cells += [[_cell(row.get(column)) for column in columns] for row in rows]
+    widths = [max(_display_width(line[index]) for line in cells) for index in range(len(columns))]
+    return "\n".join("  ".join(cell + " " * (width - _display_width(cell))
+                               for cell, width in zip(line, widths)).rstrip()
                      for line in cells)
 
 
+def _error_text(result: dict) -> str:
+    error = result.get("error") or {}
+    lines = [f"error: {error.get('code')}", f"  {_cell(error.get('message'))}"]
+    lines += [f"  {key}: {_cell(json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else value)}"
+              for key, value in sorted(error.items()) if key not in ("code", "message", "hint")]
+    if "integrity" in result:
+        lines.append(f"integrity: {result['integrity']}")
+    if error.get("hint"):
+        lines.append(f"next: {error['hint']}")
+    return "\n".join(lines)
+
+
+def _owner_text(operation: dict) -> Optional[str]:
+    owner = operation.get("owner")
+    if owner == OWNER_RUNNING and operation.get("owner_pid"):
+        return f"{owner} (pid {operation['owner_pid']})"
+    return owner
+
+
 def render_text(command: str, result: dict) -> str:
-    """Aligned, human-readable tables for status/show/log; other commands and
-    errors fall back to indented JSON."""
-    if not result.get("ok", True) or command not in ("status", "show", "log"):
+    """Aligned, human-readable tables for status/show/log and a readable error
+    for any failed command; other results fall back to indented JSON."""
+    if not result.get("ok", True):
+        return _error_text(result)
+    if command not in ("status", "show", "log"):
         return json.dumps(result, indent=2, ensure_ascii=False, sort_keys=True)
+    data_dir = result.get("data_dir") or ""
     checkpoint = result.get("checkpoint") or {}
-    header = (f"integrity: {result.get('integrity')}   data dir: {result.get('data_dir')}\n"
+    header = (f"integrity: {result.get('integrity')}   data dir: {data_dir}\n"
               f"events: {checkpoint.get('count', 0)}   head: {checkpoint.get('head', '-')}")
     if command == "status":
-        rows = result["unresolved"]
-        for row in rows:
-            row["age"] = report.describe_age(row["age_seconds"])
-        body = ("no unresolved operations: protected calls may run" if not rows else
-                f"{len(rows)} unresolved operation(s) block protected calls:\n" + _table(
-                    rows, ("operation_id", "tool", "state", "reason", "started_at", "age",
-                           "owner", "session_id", "tool_call_id", "args_hash")))
-        return header + "\n" + body
+        rows = [dict(row, age=report.describe_age(row["age_seconds"]), owner=_owner_text(row))
+                for row in result["unresolved"]]
+        if not rows:
+            return header + "\nno unresolved operations: protected calls may run"
+        first = rows[0]["operation_id"]
+        return "\n".join([
+            header,
+            f"{len(rows)} unresolved operation(s) block every protected call in this profile:",
+            _table(rows, ("operation_id", "tool", "state", "reason", "started_at", "age",
+                          "owner", "session_id", "tool_call_id", "args_hash")),
+            "",
+            "next: stop every worker of this profile (owner must not be running), check the "
+            "real service for this call, then record what you found:",
+            "  " + report.operator_command(data_dir, "show", first),
+            "  " + report.operator_command(data_dir, "resolve", first, "--outcome",
+                                           "<completed|not_applied>", "--evidence",
+                                           "<what you checked>"),
+            "If you cannot establish the outcome, leave it unresolved."])
     if command == "show":
-        operation = result["operation"]
-        lines = [f"{key}: {operation.get(key)}" for key in
-                 ("operation_id", "tool", "state", "session_id", "tool_call_id", "started_at",
-                  "owner", "outcome")]
-        return "\n".join(lines) + "\n" + _table(result["events"], (
-            "seq", "at", "kind", "reason", "outcome", "evidence", "result_hash"))
-    return header + "\n" + _table(result["events"], (
-        "seq", "timestamp_ns", "kind", "operation_id", "tool", "reason", "outcome", "evidence"))
+        operation = dict(result["operation"], owner=_owner_text(result["operation"]))
+        if "age_seconds" in operation:
+            operation["age"] = report.describe_age(operation["age_seconds"])
+        keys = ("operation_id", "tool", "state", "reason", "outcome", "started_at", "age",
+                "owner", "session_id", "tool_call_id", "args_hash", "fingerprint")
+        width = max(map(len, keys)) + 1
+        lines = [f"{(key + ':').ljust(width)} {_cell(operation.get(key))}" for key in keys
+                 if key in operation and not (key == "owner" and operation[key] is None)]
+        return "\n".join([f"integrity: {result.get('integrity')}   data dir: {data_dir}", "",
+                          *lines, "", _table(result["events"], (
+                              "seq", "at", "kind", "reason", "outcome", "result_hash",
+                              "evidence"))])
+    tools = {event["operation_id"]: event["tool"] for event in result["events"] if "tool" in event}
+    events = [dict(event, at=report.iso_utc(event["timestamp_ns"]),
+                   tool=tools.get(event["operation_id"])) for event in result["events"]]
+    return header + "\n" + _table(events, (
+        "seq", "at", "kind", "operation_id", "tool", "reason", "outcome", "evidence"))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -345,8 +479,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except CommandError as exc:
         result, exit_code = {"ok": False, "error": {"code": exc.code, "message": exc.message,
                                                     **exc.details}}, 1
+    except AdmissionRefused as exc:
+        # The journal verified; the request itself was refused (e.g. already resolved).
+        result, exit_code = {"ok": False, "integrity": "ok", "error": exc.to_json()}, 1
     except JournalError as exc:
-        result, exit_code = {"ok": False, "integrity": exc.code, "error": exc.to_json()}, 1
+        # repair_not_applicable carries the state it found (``found``), which is
+        # the journal's real integrity.
+        result, exit_code = {"ok": False, "integrity": exc.details.get("found", exc.code),
+                             "error": exc.to_json()}, 1
+    if exit_code and result["error"]["code"] in ERROR_HINTS:
+        result["error"]["hint"] = ERROR_HINTS[result["error"]["code"]]
     if command == "log" and exit_code == 0 and getattr(args, "jsonl", False):
         for event in result["events"]:
             print(json.dumps(event, ensure_ascii=False, sort_keys=True))
@@ -358,5 +500,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return exit_code
 
 
+def run() -> int:
+    """Console entry point: :func:`main`, quiet when stdout is closed early
+    (``log --jsonl | head``)."""
+    try:
+        exit_code = main()
+        sys.stdout.flush()
+        return exit_code
+    except BrokenPipeError:
+        # Python flushes stdout again at exit; point it at /dev/null first.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())

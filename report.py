@@ -33,10 +33,16 @@ def iso_utc(timestamp_ns: int) -> str:
 
 
 def operator_command(data_dir: str, *words: str) -> str:
-    """A shell command line running the operator CLI on ``data_dir``."""
-    parts = [os.path.basename(sys.executable) or "python3", OPERATOR_CLI_PATH,
+    """A shell command line running the operator CLI on ``data_dir``.
+
+    The interpreter is this process's own (absolute) executable: a venv's bare
+    ``python`` may not be on the operator's PATH, the full path runs anywhere.
+    Words starting with ``<`` are placeholders the person replaces; one with
+    spaces is put in double quotes so the replacement stays one argument."""
+    parts = [sys.executable or "python3", OPERATOR_CLI_PATH,
              "--data-dir", data_dir, *words]
-    return " ".join(shlex.quote(part) if not part.startswith("<") else part for part in parts)
+    return " ".join(shlex.quote(part) if not part.startswith("<")
+                    else f'"{part}"' if " " in part else part for part in parts)
 
 
 def operation_view(operation: "Operation | dict", data_dir: str, *,
@@ -71,7 +77,8 @@ def blocked_result(code: str, explanation: str, *, data_dir: Optional[str],
                    operations: Iterable[dict] = ()) -> str:
     """The refusal JSON of SPEC §10: ``error`` = ``crash_recovery_blocked``,
     ``blocked`` true, ``code``, ``explanation``, ``operation_ids``, ``operations``
-    (tool, state, started_at, age_seconds) and ``operator_command``."""
+    (tool, state, started_at, age_seconds) and ``operator_command`` (null when
+    the refusal came before the data directory was known: the keys never vary)."""
     operations = list(operations)
     result = {
         "error": BLOCKED_ERROR,
@@ -82,9 +89,8 @@ def blocked_result(code: str, explanation: str, *, data_dir: Optional[str],
         "operations": [{key: operation.get(key) for key in
                         ("operation_id", "tool", "state", "started_at", "age_seconds")}
                        for operation in operations],
+        "operator_command": operator_command(data_dir, "status") if data_dir else None,
     }
-    if data_dir:
-        result["operator_command"] = operator_command(data_dir, "status")
     return json.dumps(result, ensure_ascii=False, sort_keys=True)
 
 
@@ -102,7 +108,8 @@ def unresolved_explanation(operations: list, data_dir: Optional[str]) -> str:
     return (f"Protected tool calls are paused. An earlier call's outcome is unknown: "
             f"{described}. It may or may not have taken effect, so repeating it could "
             f"duplicate a booking, payment or message. Do not retry. Tell the user that a "
-            f"person must check the real service and then settle it with: {command}")
+            f"person must check the real service and then settle it with (replacing the <...> "
+            f"parts): {command}")
 
 
 def integrity_explanation(error: JournalError, data_dir: Optional[str]) -> str:

@@ -77,6 +77,8 @@ FULL_MODE_CALLS = 5          # protected calls with full_verification=True per s
 FULL_MODE_MAX_EVENTS = 100_000   # skip full-mode calls above this history (seconds each)
 CLI_REPEATS_FULL = 3
 CLI_REPEATS_QUICK = 1
+CLI_TIME_BUDGET_SECONDS = 20.0   # stop repeating a CLI command after this much time
+FULL_MODE_TIME_BUDGET_SECONDS = 10.0
 
 TARGET_OVERHEAD_RATIO = 1.5
 TARGET_VERIFY_EVENTS_PER_SECOND = 500_000
@@ -109,8 +111,19 @@ def machine_description(workdir: str) -> Dict[str, Any]:
         "platform": platform.platform(),
         "filesystem": filesystem_of(workdir),
         "workdir": workdir,
+        "load": machine_load(),
         "microbench": microbenchmarks(),
     }
+
+
+def machine_load() -> Dict[str, str]:
+    """Load average and CPU pressure (PSI): how busy other processes kept the machine."""
+    found: Dict[str, str] = {}
+    for key, path in (("loadavg", "/proc/loadavg"), ("cpu_pressure", "/proc/pressure/cpu")):
+        with contextlib.suppress(OSError):
+            with open(path, encoding="utf-8") as stream:
+                found[key] = stream.readline().strip()
+    return found
 
 
 def filesystem_of(path: str) -> str:
@@ -479,7 +492,9 @@ def measure_size(workdir: str, events: int, calls: int, *, syscall_calls: int,
         full_product = ProductCaller(journal_dir, full_verification=True)
         try:
             full_product.protected_call()
-            samples = [time_call(full_product.protected_call) for _ in range(FULL_MODE_CALLS)]
+            samples: List[float] = []
+            while len(samples) < FULL_MODE_CALLS and sum(samples) < FULL_MODE_TIME_BUDGET_SECONDS:
+                samples.append(time_call(full_product.protected_call))
             result["full_verification_mode_call_p50_ms"] = milliseconds(percentile(samples, 0.5))
         finally:
             full_product.close()
@@ -629,13 +644,16 @@ def measure_cli(data_dir: str, repeats: int) -> Dict[str, Any]:
         subprocess.run([sys.executable, "-c", "pass"], check=True)
         startup.append(time.perf_counter() - began)
     result["python_startup_seconds"] = round(statistics.median(startup), 3)
+    result["samples"] = {}
     if not os.path.isfile(cli_path):
         result["status_seconds"] = result["verify_seconds"] = None
         result["note"] = "operator_cli.py not found"
         return result
     for command in ("status", "verify"):
-        samples = []
+        samples: List[float] = []
         for _ in range(max(1, repeats)):
+            if samples and sum(samples) > CLI_TIME_BUDGET_SECONDS:
+                break  # a slow CLI at 1M events: one or two samples are enough
             began = time.perf_counter()
             completed = subprocess.run([sys.executable, cli_path, "--data-dir", data_dir, command],
                                        capture_output=True, text=True, cwd=REPOSITORY_ROOT)
@@ -644,6 +662,7 @@ def measure_cli(data_dir: str, repeats: int) -> Dict[str, Any]:
                 raise RuntimeError(f"operator_cli.py {command} exited {completed.returncode}: "
                                    f"{completed.stdout[-1000:]} {completed.stderr[-1000:]}")
         result[f"{command}_seconds"] = round(statistics.median(samples), 3)
+        result["samples"][command] = [round(sample, 3) for sample in samples]
     return result
 
 
@@ -805,6 +824,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("[bench] verification ...", file=sys.stderr, flush=True)
         report["verification"] = measure_verification(largest_dir, options.profile)
         print("[bench] operator CLI ...", file=sys.stderr, flush=True)
+        report["machine"]["load_after"] = machine_load()
         report["cli"] = measure_cli(largest_dir,
                                     CLI_REPEATS_QUICK if options.quick else CLI_REPEATS_FULL)
         report["storage"] = {

@@ -3,6 +3,13 @@
 Every journal a test writes should end with :meth:`JournalTestCase.assertVerifies`,
 which runs ``../shared/tools/verify_journal.py`` -- written from SPEC alone, it
 never imports the product.
+
+Hazard: :meth:`JournalTestCase.assertVerifies`, :meth:`JournalTestCase.snapshot`
+and :func:`journal_files` read ``journal.sqlite3`` with plain ``open()``.  Closing
+that descriptor drops every POSIX lock this *process* holds on the file, including
+those of a live SQLite connection (a guard or Journal in the test), after which
+another process may checkpoint and delete the WAL under it.  Close in-process
+guards/journals before calling them, or call them from a subprocess.
 """
 from __future__ import annotations
 

@@ -137,6 +137,17 @@ def service_counts(service_db: Path, traveler: Optional[str] = None) -> Dict[str
     return {"bookings": bookings, "attempts": attempts}
 
 
+def decode_json_text(text: str) -> Any:
+    """Decode JSON text, also when Hermes framed it (e.g. ``<untrusted_tool_result>``)."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        start, end = text.find("{"), text.rfind("}")
+        if start < 0 or end <= start:
+            raise
+        return json.loads(text[start:end + 1])
+
+
 def blocked_document(tool_result: Any) -> Optional[Dict[str, Any]]:
     """The crash-recovery refusal inside a tool result, or None.
 
@@ -146,7 +157,7 @@ def blocked_document(tool_result: Any) -> Optional[Dict[str, Any]]:
     for _ in range(3):
         if isinstance(document, str):
             try:
-                document = json.loads(document)
+                document = decode_json_text(document)
             except ValueError:
                 return None
         if not isinstance(document, dict):
@@ -164,3 +175,46 @@ def hermes_version() -> str:
         return version("hermes-agent")
     except Exception:
         return ""
+
+
+NAMESPACE_PREFIX = ["unshare", "-rn", "sh", "-c", 'ip link set lo up && exec "$0" "$@"']
+
+
+def network_isolation() -> Tuple[List[str], str]:
+    """Argv prefix that runs a command in a fresh network namespace with only
+    loopback up, and its label; ([], "loopback-only") when unshare is refused."""
+    if shutil.which("unshare") is None or shutil.which("ip") is None:
+        return [], "loopback-only (unshare or ip missing)"
+    try:
+        probe = subprocess.run(NAMESPACE_PREFIX + ["true"], capture_output=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return [], f"loopback-only (unshare failed: {exc})"
+    if probe.returncode != 0:
+        reason = probe.stderr.decode("utf-8", "replace").strip()[:200]
+        return [], f"loopback-only (unshare failed: {reason})"
+    return list(NAMESPACE_PREFIX), "unshare -rn (fresh network namespace, lo only)"
+
+
+def hermes_core_modifications() -> Tuple[int, List[str]]:
+    """Compare every hashed file of the installed hermes-agent with its RECORD.
+
+    Returns (files checked, files whose content differs or is missing); an
+    empty list means the host is exactly what pip installed."""
+    import base64
+    import hashlib
+    from importlib.metadata import distribution
+    dist = distribution("hermes-agent")
+    checked, changed = 0, []
+    for entry in dist.files or []:
+        if not entry.hash or entry.hash.mode != "sha256":
+            continue
+        path = Path(entry.locate())
+        checked += 1
+        try:
+            digest = hashlib.sha256(path.read_bytes()).digest()
+        except OSError:
+            changed.append(str(entry))
+            continue
+        if base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii") != entry.hash.value:
+            changed.append(str(entry))
+    return checked, changed

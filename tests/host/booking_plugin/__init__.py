@@ -3,7 +3,8 @@
 The "service" is a SQLite database at ``$BOOKING_SERVICE_DB``. ``book_trip``
 records every handler run in ``attempts`` and commits a row to ``bookings``.
 A destination of ``Atlantis`` makes the service raise after recording the
-attempt (an unknown outcome). When the file ``$BOOKING_CRASH_ARM`` exists,
+attempt (an unknown outcome); ``Interrupted`` raises ``KeyboardInterrupt``
+there instead (a cancellation, e.g. Ctrl-C while the tool runs). When the file ``$BOOKING_CRASH_ARM`` exists,
 ``book_trip`` consumes it after committing, writes the receipt to
 ``$BOOKING_CRASH_SIGNAL`` and sleeps so the harness can kill the host before
 the tool response is recorded. ``lookup_receipt`` only reads.
@@ -80,6 +81,8 @@ def book_trip(args: dict, **kwargs) -> str:
             (traveler, destination, session_id, time.time_ns()))
         if destination == "Atlantis":
             raise ServiceUnavailable("booking service timed out after accepting the request")
+        if destination == "Interrupted":
+            raise KeyboardInterrupt("cancelled while the booking service was working")
         receipt = "R-" + uuid.uuid4().hex[:10]
         connection.execute(
             "INSERT INTO bookings (receipt, traveler, destination, session_id, created_ns)"

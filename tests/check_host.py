@@ -1,0 +1,685 @@
+#!/usr/bin/env python3
+"""Host checks: the crash-recovery plugin inside a real, unmodified Hermes Agent.
+
+    python tests/check_host.py [--keep DIR] [--only NAME ...]
+
+Every scenario runs in its own child process with an isolated ``HERMES_HOME``
+(inside a fresh network namespace when ``unshare -rn`` is allowed). Hermes'
+own PluginManager loads the plugin; tool calls go through Hermes' own
+``model_tools.handle_function_call`` or, for two calls in one assistant
+message, through ``AIAgent.run_conversation`` against a scripted provider on
+127.0.0.1 (the concurrent executor that nests the execution middleware).
+Evidence is read from the journal file, the booking service database and the
+tool messages the provider received. Prints one JSON report; exits 1 on any
+failed check. Needs the hermes-agent package in the running interpreter.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
+
+HOST_DIR = Path(__file__).resolve().parent / "host"
+sys.path.insert(0, str(HOST_DIR))
+
+import evidence  # noqa: E402  (tests/host)
+from evidence import (BOOKING_PLUGIN_DIR, PLUGIN_NAME, PROBE_PLUGIN_DIR,  # noqa: E402
+                      blocked_document, data_dir_of, kinds, read_events, service_counts)
+
+SCENARIO_TIMEOUT_SECONDS = 120
+BOOKING = "booking-service"
+PROBE = "host-probe"
+INSPECTION_TOOLS = {"crash_recovery_status", "crash_recovery_verify"}
+
+
+class CheckList:
+    """Named pass/fail results of one scenario."""
+
+    def __init__(self, scenario: str) -> None:
+        self.scenario = scenario
+        self.results: List[Dict[str, Any]] = []
+
+    def check(self, name: str, condition: Any, **detail: Any) -> bool:
+        passed = bool(condition)
+        entry: Dict[str, Any] = {"name": f"{self.scenario}.{name}", "ok": passed}
+        if detail and not passed:
+            entry["detail"] = detail
+        self.results.append(entry)
+        return passed
+
+    def fail(self, name: str, **detail: Any) -> None:
+        self.results.append({"name": f"{self.scenario}.{name}", "ok": False, "detail": detail})
+
+
+# --------------------------------------------------------------------------
+# In-child helpers (Hermes is imported only inside scenario children)
+# --------------------------------------------------------------------------
+
+def hermes_call(tool: str, args: Dict[str, Any], *, session_id: str, call_id: str,
+                hook: bool = True) -> str:
+    """One tool call through Hermes' own dispatcher.
+
+    ``hook=False`` skips the pre_tool_call hook (as Hermes' agent executors do
+    after firing it themselves), so only the execution middleware can refuse."""
+    import model_tools
+    return model_tools.handle_function_call(tool, args, task_id=f"task-{session_id}",
+                                            tool_call_id=call_id, session_id=session_id,
+                                            skip_pre_tool_call_hook=not hook)
+
+
+def check_registrations(checks: CheckList, expected_source: str) -> None:
+    """The plugin is loaded by Hermes with its middleware, hook and tools."""
+    import model_tools  # noqa: F401  (importing it runs plugin discovery)
+    from hermes_cli.plugins import get_plugin_manager
+    from tools.registry import registry
+    manager = get_plugin_manager()
+    loaded = manager._plugins.get(PLUGIN_NAME)
+    checks.check("plugin_loaded", loaded is not None and loaded.enabled and loaded.error is None,
+                 found=None if loaded is None else {"enabled": loaded.enabled,
+                                                    "error": loaded.error})
+    if loaded is None:
+        return
+    checks.check("plugin_source", loaded.manifest.source == expected_source,
+                 source=loaded.manifest.source, expected=expected_source)
+    checks.check("tools_registered", INSPECTION_TOOLS <= set(loaded.tools_registered),
+                 tools=loaded.tools_registered)
+    checks.check("hook_registered", loaded.hooks_registered == ["pre_tool_call"],
+                 hooks=loaded.hooks_registered)
+    checks.check("middleware_registered", loaded.middleware_registered == ["tool_execution"],
+                 middleware=loaded.middleware_registered)
+    checks.check("tools_in_registry",
+                 all(registry.get_entry(name) is not None for name in INSPECTION_TOOLS))
+
+
+def booked(result: str) -> Optional[str]:
+    """The receipt of a successful book_trip result, else None."""
+    try:
+        document = json.loads(result)
+    except ValueError:
+        return None
+    if isinstance(document, dict) and document.get("status") == "booked":
+        return document.get("receipt")
+    return None
+
+
+def events_of(home: Path) -> List[Dict[str, Any]]:
+    return read_events(data_dir_of(home))
+
+
+# --------------------------------------------------------------------------
+# Scenarios (each runs in a child process; HERMES_HOME is already set)
+# --------------------------------------------------------------------------
+
+def scenario_dispatch(home: Path, checks: CheckList) -> None:
+    """Journaling, uncertainty, refusal on both paths, inspection, resolution."""
+    service = Path(os.environ["BOOKING_SERVICE_DB"])
+    check_registrations(checks, "user")
+
+    # 1. one protected call: started -> returned
+    result = hermes_call("book_trip", {"traveler": "Ada", "destination": "Lisbon"},
+                         session_id="session-A", call_id="call-A1")
+    checks.check("first_call_booked", booked(result) is not None, result=result)
+    events = events_of(home)
+    checks.check("first_call_journaled", kinds(events) == ["started", "returned"], events=events)
+    if len(events) >= 2:
+        started, returned = events[0], events[1]
+        checks.check("started_fields",
+                     started["tool"] == "book_trip" and started["session_id"] == "session-A"
+                     and started["tool_call_id"] == "call-A1", started=started)
+        checks.check("returned_matches_started",
+                     returned["operation_id"] == started["operation_id"]
+                     and returned["reason"] == "returned", returned=returned)
+        checks.check("no_raw_arguments_stored",
+                     all("Ada" not in json.dumps(event) and "Lisbon" not in json.dumps(event)
+                         for event in events), events=events)
+    checks.check("service_after_first", service_counts(service) == {"bookings": 1, "attempts": 1},
+                 counts=service_counts(service))
+
+    # 2. read_file is exempt: untouched result, nothing journaled
+    sample = home / "notes.txt"
+    sample.write_text("exempt-marker-7c1\n", encoding="utf-8")
+    result = hermes_call("read_file", {"path": str(sample)}, session_id="session-A",
+                         call_id="call-A2")
+    checks.check("read_file_untouched", "exempt-marker-7c1" in result
+                 and blocked_document(result) is None, result=result[:500])
+    checks.check("read_file_not_journaled", len(events_of(home)) == 2)
+
+    # 3. a tool that errors leaves uncertain
+    result = hermes_call("book_trip", {"traveler": "Bob", "destination": "Atlantis"},
+                         session_id="session-A", call_id="call-A3")
+    checks.check("failing_call_returns_host_error", "ServiceUnavailable" in result, result=result)
+    events = events_of(home)
+    checks.check("failing_call_uncertain", kinds(events) == ["started", "returned", "started",
+                                                             "uncertain"], events=events)
+    uncertain_id = events[3]["operation_id"] if len(events) == 4 else None
+    if uncertain_id:
+        checks.check("uncertain_reason", events[3]["reason"] == "error_response"
+                     and events[2]["operation_id"] == uncertain_id
+                     and events[2]["tool_call_id"] == "call-A3", events=events[2:])
+    checks.check("service_after_failure", service_counts(service) == {"bookings": 1, "attempts": 2},
+                 counts=service_counts(service))
+
+    # 4. another session, middleware only (hook skipped): refused, handler not run
+    result = hermes_call("book_trip", {"traveler": "Cy", "destination": "Paris"},
+                         session_id="session-B", call_id="call-B1", hook=False)
+    refusal = blocked_document(result)
+    checks.check("middleware_refuses_other_session",
+                 refusal is not None and refusal.get("blocked") is True
+                 and refusal.get("operation_ids") == [uncertain_id] and bool(refusal.get("code")),
+                 result=result)
+    checks.check("middleware_refusal_is_direct_json",
+                 json.loads(result).get("error") == "crash_recovery_blocked", result=result)
+    checks.check("refused_handler_not_run", service_counts(service)["attempts"] == 2,
+                 counts=service_counts(service))
+    checks.check("refusal_appends_nothing", len(events_of(home)) == 4)
+
+    # 5. the same refusal through the pre_tool_call hook path
+    result = hermes_call("book_trip", {"traveler": "Cy", "destination": "Paris"},
+                         session_id="session-C", call_id="call-C1", hook=True)
+    outer = json.loads(result)
+    inner = blocked_document(outer.get("error")) if isinstance(outer.get("error"), str) else None
+    checks.check("hook_path_wraps_blocked_json",
+                 set(outer) == {"error"} and inner is not None
+                 and inner.get("operation_ids") == [uncertain_id]
+                 and inner.get("code") == (refusal or {}).get("code"), result=result)
+    checks.check("hook_refusal_handler_not_run", service_counts(service)["attempts"] == 2)
+
+    # 6. unknown tool names are protected too
+    result = hermes_call("transfer_funds", {"amount": 5}, session_id="session-B",
+                         call_id="call-B2", hook=False)
+    checks.check("unknown_tool_refused", blocked_document(result) is not None, result=result)
+
+    # 7. inspection and read-only tools work while blocked
+    status = json.loads(hermes_call("crash_recovery_status", {}, session_id="session-B",
+                                    call_id="call-B3"))
+    unresolved = [(o.get("operation_id"), o.get("tool"), o.get("state"))
+                  for o in status.get("unresolved", [])]
+    checks.check("status_tool_while_blocked",
+                 unresolved == [(uncertain_id, "book_trip", "uncertain")], status=status)
+    verify = json.loads(hermes_call("crash_recovery_verify", {}, session_id="session-B",
+                                    call_id="call-B4"))
+    checks.check("verify_tool_while_blocked",
+                 verify.get("ok") is True and (verify.get("checkpoint") or {}).get("count") == 4,
+                 verify=verify)
+    lookup = json.loads(hermes_call("lookup_receipt", {"traveler": "Ada"},
+                                    session_id="session-B", call_id="call-B5"))
+    checks.check("configured_read_only_tool_while_blocked", lookup.get("count") == 1,
+                 lookup=lookup)
+    result = hermes_call("read_file", {"path": str(sample)}, session_id="session-B",
+                         call_id="call-B6")
+    checks.check("read_file_while_blocked", "exempt-marker-7c1" in result, result=result[:300])
+    checks.check("inspection_appends_nothing", len(events_of(home)) == 4)
+
+    # 8. operator resolves from evidence (another process); protected calls resume
+    data_dir = data_dir_of(home)
+    code, document = evidence.operator_cli(data_dir, "status")
+    cli_unresolved = [(o.get("operation_id"), o.get("state")) for o in document.get("unresolved", [])]
+    checks.check("operator_status", code == 0 and cli_unresolved == [(uncertain_id, "uncertain")],
+                 code=code, document=document)
+    code, document = evidence.operator_cli(
+        data_dir, "resolve", str(uncertain_id), "--outcome", "not_applied", "--evidence",
+        "service attempts table shows ServiceUnavailable and no booking row for Bob")
+    checks.check("operator_resolve", code == 0, code=code, document=document)
+    result = hermes_call("book_trip", {"traveler": "Dee", "destination": "Rome"},
+                         session_id="session-B", call_id="call-B7")
+    checks.check("call_after_resolution_booked", booked(result) is not None, result=result)
+    events = events_of(home)
+    checks.check("final_journal", kinds(events) == ["started", "returned", "started", "uncertain",
+                                                    "resolved", "started", "returned"],
+                 events=events)
+    if len(events) == 7:
+        checks.check("resolved_event", events[4]["operation_id"] == uncertain_id
+                     and events[4]["outcome"] == "not_applied" and events[4]["evidence"],
+                     event=events[4])
+    checks.check("service_final", service_counts(service) == {"bookings": 2, "attempts": 3},
+                 counts=service_counts(service))
+
+
+def scenario_journal_failure(home: Path, checks: CheckList) -> None:
+    """The data directory path is a regular file: every protected call is
+    refused and the handler never runs, although Hermes fails open on raises."""
+    service = Path(os.environ["BOOKING_SERVICE_DB"])
+    check_registrations(checks, "user")
+    result = hermes_call("book_trip", {"traveler": "Eve", "destination": "Oslo"},
+                         session_id="session-F", call_id="call-F1", hook=False)
+    checks.check("middleware_fails_closed", blocked_document(result) is not None, result=result)
+    checks.check("middleware_handler_count_zero", service_counts(service)["attempts"] == 0,
+                 counts=service_counts(service))
+    result = hermes_call("book_trip", {"traveler": "Eve", "destination": "Oslo"},
+                         session_id="session-F", call_id="call-F2", hook=True)
+    checks.check("hook_fails_closed", blocked_document(result) is not None, result=result)
+    checks.check("hook_handler_count_zero", service_counts(service)["attempts"] == 0)
+    status = json.loads(hermes_call("crash_recovery_status", {}, session_id="session-F",
+                                    call_id="call-F3"))
+    checks.check("status_reports_failure", status.get("ok") is False, status=status)
+    checks.check("data_path_still_a_file", data_dir_of(home).is_file())
+
+
+def scenario_tampered(home: Path, checks: CheckList) -> None:
+    """An edited journal record blocks protected calls (and the verifier agrees)."""
+    service = Path(os.environ["BOOKING_SERVICE_DB"])
+    check_registrations(checks, "user")
+    result = hermes_call("book_trip", {"traveler": "Fay", "destination": "Riga"},
+                         session_id="session-T", call_id="call-T1")
+    checks.check("first_call_booked", booked(result) is not None, result=result)
+    database = data_dir_of(home) / "journal.sqlite3"
+    connection = sqlite3.connect(str(database), timeout=10)
+    try:
+        payload = connection.execute("SELECT payload FROM events WHERE seq = 1").fetchone()[0]
+        connection.execute("UPDATE events SET payload = ? WHERE seq = 1",
+                           (payload.replace('"book_trip"', '"book_tram"'),))
+        connection.commit()
+    finally:
+        connection.close()
+    result = hermes_call("book_trip", {"traveler": "Fay", "destination": "Riga"},
+                         session_id="session-T", call_id="call-T2", hook=False)
+    checks.check("tampered_journal_refused", blocked_document(result) is not None, result=result)
+    result = hermes_call("book_trip", {"traveler": "Fay", "destination": "Riga"},
+                         session_id="session-T", call_id="call-T3", hook=True)
+    checks.check("tampered_journal_refused_by_hook", blocked_document(result) is not None,
+                 result=result)
+    checks.check("tampered_handler_not_run", service_counts(service) == {"bookings": 1,
+                                                                         "attempts": 1})
+    verify = json.loads(hermes_call("crash_recovery_verify", {}, session_id="session-T",
+                                    call_id="call-T4"))
+    checks.check("verify_tool_reports_tamper", verify.get("ok") is False, verify=verify)
+
+
+def scenario_cancelled(home: Path, checks: CheckList) -> None:
+    """A cancellation (KeyboardInterrupt) inside the tool propagates unchanged
+    through Hermes and the guard, and leaves ``uncertain``/``cancelled``."""
+    import hashlib
+    service = Path(os.environ["BOOKING_SERVICE_DB"])
+    check_registrations(checks, "user")
+    raised = None
+    try:
+        hermes_call("book_trip", {"traveler": "Hal", "destination": "Interrupted"},
+                    session_id="session-K", call_id="call-K1")
+    except KeyboardInterrupt as exc:
+        raised = exc
+    checks.check("interrupt_propagates", raised is not None
+                 and "booking service" in str(raised), raised=repr(raised))
+    events = events_of(home)
+    null_hash = hashlib.sha256(b"null").hexdigest()
+    checks.check("cancelled_uncertain", kinds(events) == ["started", "uncertain"]
+                 and events[1]["reason"] == "cancelled" and events[1]["result_hash"] == null_hash,
+                 events=events)
+    result = hermes_call("book_trip", {"traveler": "Hal", "destination": "Oslo"},
+                         session_id="session-K", call_id="call-K2", hook=False)
+    refusal = blocked_document(result)
+    checks.check("binding_reset_after_cancel",
+                 refusal is not None and refusal.get("code") == "unresolved_operations"
+                 and refusal.get("operation_ids") == [events[0]["operation_id"]] if events else False,
+                 result=result)
+    checks.check("cancelled_handler_ran_once", service_counts(service) == {"bookings": 0,
+                                                                          "attempts": 1},
+                 counts=service_counts(service))
+
+
+def scenario_concurrent(home: Path, checks: CheckList) -> None:
+    """Two protected calls in one assistant message (Hermes' concurrent executor,
+    which enters the execution middleware twice, nested, per call), then two
+    exempt read_file calls, driven by AIAgent.run_conversation. The probe's
+    handler holds the admitted call open until the sibling has left the
+    execution chain, so the two calls always overlap."""
+    from mock_provider import ScriptedProvider
+    probe_log = Path(os.environ["HOST_PROBE_LOG"])
+    first, second = home / "first.txt", home / "second.txt"
+    first.write_text("alpha-41\n", encoding="utf-8")
+    second.write_text("beta-42\n", encoding="utf-8")
+    turns = [
+        {"tool_calls": [
+            {"id": "call_web_1", "name": "web_extract", "arguments": {"urls": ["https://a.example/1"]}},
+            {"id": "call_web_2", "name": "web_extract", "arguments": {"urls": ["https://b.example/2"]}}]},
+        {"tool_calls": [
+            {"id": "call_read_1", "name": "read_file", "arguments": {"path": str(first)}},
+            {"id": "call_read_2", "name": "read_file", "arguments": {"path": str(second)}}]},
+        {"text": "done"},
+    ]
+    with ScriptedProvider(turns, timeout_seconds=90) as provider:
+        evidence.write_profile(home, base_url=provider.base_url,
+                               enabled=[BOOKING, PLUGIN_NAME, PROBE],
+                               entries={PROBE: {"allow_tool_override": True}})
+        check_registrations(checks, "user")
+        from run_agent import AIAgent
+        agent = AIAgent(base_url=provider.base_url, api_key="sk-mock", provider="custom",
+                        model="mock-model", quiet_mode=True, skip_context_files=True,
+                        skip_memory=True, max_iterations=6, session_id="session-concurrent")
+        outcome = agent.run_conversation("Fetch both pages, then read both files.")
+        messages = {m["tool_call_id"]: m["content"] for m in provider.tool_messages()}
+    checks.check("conversation_finished", outcome.get("final_response") == "done",
+                 final=outcome.get("final_response"))
+    web_ids = ["call_web_1", "call_web_2"]
+    admitted = [i for i in web_ids if "probe page" in str(messages.get(i, ""))]
+    refused = [i for i in web_ids if blocked_document(str(messages.get(i, ""))) is not None]
+    checks.check("one_admitted_one_refused", len(admitted) == 1 and len(refused) == 1,
+                 messages=messages)
+    records = [json.loads(line) for line in probe_log.read_text().splitlines()] \
+        if probe_log.exists() else []
+    handler_runs = [r for r in records if r["event"] == "handler"]
+    checks.check("handler_ran_once", len(handler_runs) == 1, records=records)
+    checks.check("calls_overlapped",
+                 not any(r["event"] == "handler_wait_timed_out" for r in records), records=records)
+    events = events_of(home)
+    checks.check("journal_one_started_one_returned", kinds(events) == ["started", "returned"],
+                 events=events)
+    if admitted and refused and len(events) == 2:
+        checks.check("started_is_admitted_call",
+                     events[0]["tool"] == "web_extract" and events[0]["tool_call_id"] == admitted[0]
+                     and events[0]["session_id"] == "session-concurrent"
+                     and events[1]["operation_id"] == events[0]["operation_id"], events=events)
+        entries = [r["tool_call_id"] for r in records if r["event"] == "middleware"
+                   and r["tool"] == "web_extract"]
+        checks.check("host_nested_middleware_for_admitted_call",
+                     entries.count(admitted[0]) == 2 and entries.count(refused[0]) == 1,
+                     entries=entries)
+        refusal = blocked_document(str(messages[refused[0]]))
+        checks.check("refusal_code", refusal.get("code") == "operation_in_flight", refusal=refusal)
+    checks.check("read_files_untouched",
+                 "alpha-41" in str(messages.get("call_read_1", ""))
+                 and "beta-42" in str(messages.get("call_read_2", "")), messages=messages)
+    read_entries = [r["tool_call_id"] for r in records if r["event"] == "middleware"
+                    and r["tool"] == "read_file"]
+    checks.check("read_files_took_concurrent_path",
+                 read_entries.count("call_read_1") == 2 and read_entries.count("call_read_2") == 2,
+                 entries=read_entries)
+
+
+def scenario_loaded(home: Path, checks: CheckList) -> None:
+    """After an install path: Hermes loads the plugin and it journals a call."""
+    expected_source = os.environ.get("CHECK_EXPECTED_SOURCE", "user")
+    check_registrations(checks, expected_source)
+    status = json.loads(hermes_call("crash_recovery_status", {}, session_id="session-I",
+                                    call_id="call-I1"))
+    checks.check("status_tool_data_dir",
+                 status.get("ok") is True
+                 and Path(str(status.get("data_dir"))).resolve() == data_dir_of(home).resolve(),
+                 status=status)
+    result = hermes_call("book_trip", {"traveler": "Gus", "destination": "Kyiv"},
+                         session_id="session-I", call_id="call-I2")
+    checks.check("guarded_call_booked", booked(result) is not None, result=result)
+    checks.check("guarded_call_journaled", kinds(events_of(home)) == ["started", "returned"],
+                 events=events_of(home))
+
+
+SCENARIOS: Dict[str, Callable[[Path, CheckList], None]] = {
+    "dispatch": scenario_dispatch,
+    "journal_failure": scenario_journal_failure,
+    "tampered": scenario_tampered,
+    "cancelled": scenario_cancelled,
+    "concurrent": scenario_concurrent,
+    "loaded": scenario_loaded,
+}
+
+
+def run_child(scenario: str, home: Path, result_file: Path) -> int:
+    """Child process entry: run one scenario, write its checks as JSON."""
+    checks = CheckList(os.environ.get("CHECK_LABEL", scenario))
+    try:
+        SCENARIOS[scenario](home, checks)
+    except Exception as exc:
+        checks.fail("crashed", error=f"{type(exc).__name__}: {exc}",
+                    traceback=traceback.format_exc()[-3000:])
+    result_file.write_text(json.dumps(checks.results), encoding="utf-8")
+    return 0
+
+
+# --------------------------------------------------------------------------
+# Parent: prepare profiles, run children, install paths, verify journals
+# --------------------------------------------------------------------------
+
+class HostRun:
+    """Prepares isolated profiles and runs scenario children."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.results: List[Dict[str, Any]] = []
+        self.isolation_prefix, self.isolation = evidence.network_isolation()
+        self.hermes = str(Path(sys.executable).parent / "hermes")
+        self.step_seconds: Dict[str, float] = {}
+        self.child_seconds: Dict[str, float] = {}
+
+    def add(self, label: str, name: str, ok: Any, **detail: Any) -> None:
+        entry: Dict[str, Any] = {"name": f"{label}.{name}", "ok": bool(ok)}
+        if detail and not ok:
+            entry["detail"] = detail
+        self.results.append(entry)
+
+    def new_home(self, label: str) -> Path:
+        home = self.root / label / "home"
+        home.mkdir(parents=True)
+        return home
+
+    def child_environment(self, home: Path, **extra: str) -> Dict[str, str]:
+        environment = {key: value for key, value in os.environ.items()
+                       if not key.startswith(("HERMES_", "OPENAI_", "ANTHROPIC_", "OPENROUTER_"))}
+        environment.update(HERMES_HOME=str(home), BOOKING_SERVICE_DB=str(home.parent / "service.db"),
+                           PYTHONDONTWRITEBYTECODE="1", **extra)
+        return environment
+
+    def run_scenario(self, label: str, scenario: str, home: Path, **extra: str) -> None:
+        result_file = home.parent / "checks.json"
+        command = self.isolation_prefix + [sys.executable, str(Path(__file__).resolve()),
+                                           "--child", scenario, "--home", str(home),
+                                           "--result", str(result_file)]
+        started = time.monotonic()
+        try:
+            completed = subprocess.run(command, env=self.child_environment(
+                home, CHECK_LABEL=label, **extra), capture_output=True, text=True,
+                timeout=SCENARIO_TIMEOUT_SECONDS, cwd=str(home.parent))
+            output = (completed.stdout + completed.stderr)[-3000:]
+        except subprocess.TimeoutExpired as exc:
+            output = f"timed out after {exc.timeout} s"
+        self.child_seconds[label] = round(time.monotonic() - started, 2)
+        if result_file.exists():
+            self.results.extend(json.loads(result_file.read_text(encoding="utf-8")))
+        else:
+            self.add(label, "child_ran", False, output=output)
+
+    def verify_journal(self, label: str, home: Path, expect_valid: bool = True) -> None:
+        valid, report = evidence.run_verifier(data_dir_of(home))
+        if valid is None:
+            if evidence.host_required():
+                self.add(label, "independent_verifier", False, **report)
+            return
+        self.add(label, "independent_verifier", valid is expect_valid,
+                 expected=expect_valid, report=report)
+
+    def user_profile(self, label: str, *, read_only: Optional[List[str]] = None) -> Path:
+        home = self.new_home(label)
+        evidence.copy_plugin_checkout(home / "plugins" / PLUGIN_NAME)
+        shutil.copytree(BOOKING_PLUGIN_DIR, home / "plugins" / BOOKING)
+        entries = None
+        if read_only is not None:
+            entries = {PLUGIN_NAME: {"settings": {"read_only_tools": read_only}}}
+        evidence.write_profile(home, enabled=[BOOKING, PLUGIN_NAME], entries=entries)
+        return home
+
+    # -- scenarios run from the parent ------------------------------------
+
+    def dispatch(self) -> None:
+        home = self.user_profile("dispatch", read_only=["read_file", "search_files",
+                                                         "lookup_receipt"])
+        self.run_scenario("dispatch", "dispatch", home)
+        self.verify_journal("dispatch", home)
+
+    def journal_failure(self) -> None:
+        home = self.user_profile("journal_failure")
+        (home / "plugin-data").mkdir()
+        data_dir_of(home).write_text("not a directory\n", encoding="utf-8")
+        self.run_scenario("journal_failure", "journal_failure", home)
+
+    def tampered(self) -> None:
+        home = self.user_profile("tampered")
+        self.run_scenario("tampered", "tampered", home)
+        self.verify_journal("tampered", home, expect_valid=False)
+
+    def cancelled(self) -> None:
+        home = self.user_profile("cancelled")
+        self.run_scenario("cancelled", "cancelled", home)
+        self.verify_journal("cancelled", home)
+
+    def concurrent(self) -> None:
+        home = self.user_profile("concurrent")
+        # "0-" sorts first, so Hermes loads the probe first and its tracing
+        # middleware is the outermost link of the execution chain.
+        shutil.copytree(PROBE_PLUGIN_DIR, home / "plugins" / f"0-{PROBE}")
+        self.run_scenario("concurrent", "concurrent", home,
+                          HOST_PROBE_LOG=str(home.parent / "probe.jsonl"))
+        self.verify_journal("concurrent", home)
+
+    def hermes_cli(self, home: Path, *words: str) -> subprocess.CompletedProcess:
+        return subprocess.run(self.isolation_prefix + [self.hermes, *words],
+                              env=self.child_environment(home), capture_output=True, text=True,
+                              timeout=90, stdin=subprocess.DEVNULL, cwd=str(home.parent))
+
+    def install_git(self) -> None:
+        """Install path 1: hermes plugins install file://<git repo>, enable, list."""
+        label = "install_git"
+        home = self.new_home(label)
+        snapshot = evidence.copy_plugin_checkout(home.parent / "clone-source")
+        git_environment = dict(os.environ, GIT_AUTHOR_NAME="host-check",
+                               GIT_AUTHOR_EMAIL="host-check@localhost",
+                               GIT_COMMITTER_NAME="host-check",
+                               GIT_COMMITTER_EMAIL="host-check@localhost")
+        for words in (["init", "-q", "-b", "main"], ["add", "-A"],
+                      ["commit", "-q", "-m", "snapshot of the working tree"]):
+            subprocess.run(["git", *words], cwd=str(snapshot), env=git_environment, check=True,
+                           capture_output=True, timeout=60)
+        shutil.copytree(BOOKING_PLUGIN_DIR, home / "plugins" / BOOKING)
+        evidence.write_profile(home, enabled=[BOOKING])
+        installed = self.hermes_cli(home, "plugins", "install", f"file://{snapshot}")
+        self.add(label, "install_exit_0", installed.returncode == 0,
+                 output=(installed.stdout + installed.stderr)[-2000:])
+        self.add(label, "installed_dir", (home / "plugins" / PLUGIN_NAME / "plugin.yaml").exists())
+        enabled = self.hermes_cli(home, "plugins", "enable", PLUGIN_NAME)
+        self.add(label, "enable_exit_0", enabled.returncode == 0,
+                 output=(enabled.stdout + enabled.stderr)[-2000:])
+        listed = self.hermes_cli(home, "plugins", "list", "--json")
+        try:
+            entries = json.loads(listed.stdout)
+        except ValueError:
+            entries = []
+        mine = [e for e in entries if isinstance(e, dict) and e.get("name") == PLUGIN_NAME]
+        self.add(label, "list_json_enabled",
+                 len(mine) == 1 and mine[0].get("status") == "enabled"
+                 and mine[0].get("source") == "git", listed=listed.stdout[-2000:])
+        self.run_scenario(label, "loaded", home, CHECK_EXPECTED_SOURCE="user")
+        self.verify_journal(label, home)
+
+    def install_copy(self) -> None:
+        """Install path 2: a checkout copied to HERMES_HOME/plugins + plugins.enabled."""
+        home = self.user_profile("install_copy")
+        self.run_scenario("install_copy", "loaded", home, CHECK_EXPECTED_SOURCE="user")
+        self.verify_journal("install_copy", home)
+
+    def install_pip(self) -> None:
+        """Install path 3: pip install . registers a hermes_agent.plugins entry point
+        naming a module, and the console script runs the operator CLI."""
+        label = "install_pip"
+        home = self.new_home(label)
+        target = home.parent / "site"
+        source = evidence.copy_plugin_checkout(home.parent / "pip-source")
+        installed = subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile",
+             "--disable-pip-version-check", "--target", str(target),
+             str(source)],
+            capture_output=True, text=True, timeout=300, cwd=str(home.parent))
+        self.add(label, "pip_install_exit_0", installed.returncode == 0,
+                 output=(installed.stdout + installed.stderr)[-3000:])
+        if installed.returncode != 0:
+            return
+        entry_points = []
+        for entry_file in target.glob("*.dist-info/entry_points.txt"):
+            entry_points.append(entry_file.read_text(encoding="utf-8"))
+        text = "\n".join(entry_points)
+        self.add(label, "entry_point_names_module",
+                 "[hermes_agent.plugins]" in text and "crash-recovery = crash_recovery\n" in text + "\n",
+                 entry_points=text)
+        script = target / "bin" / "crash-recovery-operator"
+        self.add(label, "console_script_installed", script.exists())
+        if script.exists():
+            environment = self.child_environment(home, PYTHONPATH=str(target))
+            ran = subprocess.run([sys.executable, str(script), "--data-dir",
+                                  str(data_dir_of(home)), "status"], env=environment,
+                                 capture_output=True, text=True, timeout=60)
+            try:
+                document = json.loads(ran.stdout)
+            except ValueError:
+                document = None
+            self.add(label, "console_script_runs",
+                     isinstance(document, dict) and "unresolved" in document,
+                     code=ran.returncode, output=(ran.stdout + ran.stderr)[-2000:])
+        shutil.copytree(BOOKING_PLUGIN_DIR, home / "plugins" / BOOKING)
+        evidence.write_profile(home, enabled=[BOOKING, PLUGIN_NAME])
+        self.run_scenario(label, "loaded", home, CHECK_EXPECTED_SOURCE="entrypoint",
+                          PYTHONPATH=str(target))
+        self.verify_journal(label, home)
+
+
+# Slowest first, so two workers finish together.
+PARENT_STEPS = ("install_pip", "concurrent", "dispatch", "install_git", "journal_failure",
+                "tampered", "cancelled", "install_copy")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description="crash-recovery checks inside real Hermes")
+    parser.add_argument("--keep", help="keep all profiles under this new directory")
+    parser.add_argument("--only", nargs="*", choices=PARENT_STEPS, help="run only these steps")
+    parser.add_argument("--jobs", type=int, default=2, help="steps run at once (default 2)")
+    parser.add_argument("--child", choices=sorted(SCENARIOS), help=argparse.SUPPRESS)
+    parser.add_argument("--home", help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    options = parser.parse_args(argv)
+    if options.child:
+        return run_child(options.child, Path(options.home), Path(options.result))
+
+    version = evidence.hermes_version()
+    if not version:
+        print(json.dumps({"ok": False, "error": "hermes-agent is not installed in "
+                          f"{sys.executable}"}))
+        return 2
+    if options.keep:
+        root = Path(options.keep).resolve()
+        root.mkdir(parents=True, exist_ok=False)
+    else:
+        root = Path(tempfile.mkdtemp(prefix="crash-recovery-host-"))
+    started = time.monotonic()
+    run = HostRun(root)
+    def run_step(step: str) -> None:
+        step_started = time.monotonic()
+        try:
+            getattr(run, step)()
+        except Exception as exc:
+            run.add(step, "step_crashed", False, error=f"{type(exc).__name__}: {exc}",
+                    traceback=traceback.format_exc()[-3000:])
+        run.step_seconds[step] = round(time.monotonic() - step_started, 2)
+
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, options.jobs)) as pool:
+            list(pool.map(run_step, options.only or PARENT_STEPS))
+    finally:
+        if not options.keep:
+            shutil.rmtree(root, ignore_errors=True)
+    failed = [r for r in run.results if not r["ok"]]
+    summary = {"ok": not failed and bool(run.results), "hermes_version": version,
+               "network": run.isolation, "checks": len(run.results), "failed": failed,
+               "passed": [r["name"] for r in run.results if r["ok"]],
+               "seconds": round(time.monotonic() - started, 1), "step_seconds": run.step_seconds,
+               "profiles": str(root) if options.keep else None}
+    print(json.dumps(summary, indent=2))
+    return 0 if summary["ok"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,170 @@
+"""Error classification (SPEC §12) and the edge decisions in classify.py's docstring."""
+from __future__ import annotations
+
+import json
+import unittest
+
+from classify import MAX_DECODE_DEPTH, is_error_response
+
+
+class _ExplodingBool:
+    def __bool__(self):
+        raise RuntimeError("no truth value")
+
+
+class SpecRowTests(unittest.TestCase):
+    """Every SPEC §12 row, as a dict and as JSON text."""
+
+    ROWS = [
+        # truthy error
+        ({"error": "boom"}, True),
+        ({"error": True}, True),
+        ({"error": {"message": "x"}}, True),
+        ({"error": 1}, True),
+        ({"error": ["x"]}, True),
+        ({"error": None}, False),
+        ({"error": ""}, False),
+        ({"error": 0}, False),
+        ({"error": False}, False),
+        ({"error": []}, False),
+        ({"error": {}}, False),
+        # isError: true
+        ({"isError": True}, True),
+        ({"isError": False}, False),
+        ({"isError": None}, False),
+        # success: false
+        ({"success": False}, True),
+        ({"success": True}, False),
+        # ok: false
+        ({"ok": False}, True),
+        ({"ok": True}, False),
+        # status values
+        ({"status": "error"}, True),
+        ({"status": "failed"}, True),
+        ({"status": "cancelled"}, True),
+        ({"status": "unknown"}, True),
+        ({"status": "ok"}, False),
+        ({"status": "confirmed"}, False),
+        ({"status": "canceled"}, False),  # only the SPEC's spelling
+        ({"status": "failure"}, False),
+        ({"status": ""}, False),
+        ({"status": None}, False),
+        # integer exit_code other than 0
+        ({"exit_code": 0}, False),
+        ({"exit_code": 1}, True),
+        ({"exit_code": -9}, True),
+        ({"exit_code": 127}, True),
+        # anything else is returned
+        ({}, False),
+        ({"result": "booked", "id": 7}, False),
+        ({"output": "exit_code 1 printed in text"}, False),
+    ]
+
+    def test_dict_rows(self):
+        for response, expected in self.ROWS:
+            with self.subTest(response=response):
+                self.assertIs(is_error_response(response), expected)
+
+    def test_json_text_rows(self):
+        for response, expected in self.ROWS:
+            with self.subTest(response=response):
+                self.assertIs(is_error_response(json.dumps(response)), expected)
+
+    def test_several_fields_any_error_wins(self):
+        self.assertIs(is_error_response({"ok": True, "status": "failed"}), True)
+        self.assertIs(is_error_response({"success": True, "exit_code": 2}), True)
+        self.assertIs(is_error_response({"ok": True, "success": True, "status": "done",
+                                         "exit_code": 0, "error": None, "isError": False}), False)
+
+
+class EdgeDecisionTests(unittest.TestCase):
+    """The decisions classify.py's docstring lists, each pinned."""
+
+    def test_status_case_insensitive_and_trimmed(self):
+        for status in ("FAILED", "Error", " cancelled ", "UNKNOWN\n"):
+            with self.subTest(status=status):
+                self.assertIs(is_error_response({"status": status}), True)
+        self.assertIs(is_error_response({"status": 0}), False)
+        self.assertIs(is_error_response({"status": ["failed"]}), False)
+
+    def test_exit_code_edges(self):
+        cases = [(0, False), (0.0, False), (None, False), (True, True), (False, True),
+                 ("0", True), ("1", True), (1.0, True), (0.5, True), ([], True), ({}, True)]
+        for value, expected in cases:
+            with self.subTest(exit_code=value):
+                self.assertIs(is_error_response({"exit_code": value}), expected)
+
+    def test_success_and_ok_edges(self):
+        for key in ("success", "ok"):
+            cases = [(False, True), (0, True), (0.0, True), ("false", True), ("FALSE", True),
+                     (" False ", True), ("0", True), ("no", True), ("No", True),
+                     (True, False), (1, False), ("true", False), ("yes", False), (None, False),
+                     ("", False), ([], False)]
+            for value, expected in cases:
+                with self.subTest(key=key, value=value):
+                    self.assertIs(is_error_response({key: value}), expected)
+
+    def test_is_error_edges(self):
+        cases = [(True, True), (1, True), (1.0, True), ("true", True), ("TRUE", True),
+                 ("1", True), ("yes", True), (False, False), (0, False), ("false", False),
+                 (None, False), ("", False), (2, False)]
+        for value, expected in cases:
+            with self.subTest(value=value):
+                self.assertIs(is_error_response({"isError": value}), expected)
+
+    def test_error_value_whose_truth_raises_is_conservative(self):
+        self.assertIs(is_error_response({"error": _ExplodingBool()}), True)
+
+    def test_text_with_bom_and_whitespace(self):
+        self.assertIs(is_error_response('\ufeff  {"ok": false}  \n'), True)
+        self.assertIs(is_error_response('\ufeff{"ok": true}'), False)
+
+    def test_double_encoded_json(self):
+        once = json.dumps({"status": "failed"})
+        self.assertIs(is_error_response(json.dumps(once)), True)
+        self.assertIs(is_error_response(json.dumps(json.dumps(once))), True)
+        self.assertIs(is_error_response(json.dumps(json.dumps({"status": "ok"}))), False)
+
+    def test_decode_depth_is_bounded(self):
+        text = json.dumps({"error": "x"})
+        for _ in range(MAX_DECODE_DEPTH):
+            text = json.dumps(text)
+        # MAX_DECODE_DEPTH string layers around the object: still decoded.
+        self.assertIs(is_error_response(text), True)
+        self.assertIs(is_error_response(json.dumps(text)), False)
+
+    def test_nan_in_text_is_tolerated(self):
+        self.assertIs(is_error_response('{"ok": false, "value": NaN}'), True)
+        self.assertIs(is_error_response('{"ok": true, "value": NaN}'), False)
+
+    def test_bytes(self):
+        self.assertIs(is_error_response(b'{"status": "error"}'), True)
+        self.assertIs(is_error_response(bytearray(b'{"success": false}')), True)
+        self.assertIs(is_error_response(b'{"status": "ok"}'), False)
+        self.assertIs(is_error_response(b'\xff\xfe{"error": "x"}'), False)  # not UTF-8
+
+    def test_non_objects_are_normal(self):
+        for response in ([{"error": "x"}], '[{"error": "x"}]', 42, 0, -1, 1.5, None, True, False,
+                         "", "   ", "error", "failed", "Traceback: ValueError", '"just text"',
+                         "{not json", '{"error": "x"', "null", "[]", b"", object()):
+            with self.subTest(response=response):
+                self.assertIs(is_error_response(response), False)
+
+    def test_nested_errors_do_not_count(self):
+        self.assertIs(is_error_response({"data": {"error": "x", "ok": False}}), False)
+        self.assertIs(is_error_response({"results": [{"status": "failed"}]}), False)
+
+    def test_never_raises(self):
+        deep = "[" * 100000 + "]" * 100000
+        hostile = ["{" * 100000, '{"a":' * 50000, deep, '"' + "\\" * 3, {1: 2}, {None: "x"},
+                   {"error": float("nan")}, {"exit_code": float("nan")}, {"ok": float("nan")}]
+        for response in hostile:
+            with self.subTest(response=repr(response)[:40]):
+                self.assertIn(is_error_response(response), (True, False))
+        self.assertIs(is_error_response({"error": float("nan")}), True)  # NaN is truthy
+        self.assertIs(is_error_response({"exit_code": float("nan")}), True)
+        self.assertIs(is_error_response({"ok": float("nan")}), False)
+
+
+if __name__ == "__main__":
+    unittest.main()
