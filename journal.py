@@ -767,12 +767,7 @@ class Journal:
     def close(self) -> None:
         """Close the connection (idempotent)."""
         with self._lock:
-            if self._connection is not None:
-                with contextlib.suppress(sqlite3.Error):
-                    self._connection.close()
-                _forget_database(self.database_path)
-            self._connection = None
-            self._chain = None
+            self._drop_connection()
 
     def __enter__(self) -> "Journal":
         return self
