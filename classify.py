@@ -19,6 +19,10 @@ conservative answer (error, so the operation becomes ``uncertain``) wins:
   a JSON *string* is decoded again (double-encoded JSON), up to
   ``MAX_DECODE_DEPTH`` times.  ``NaN`` inside the text is tolerated by the decoder.
 * bytes are decoded as UTF-8 first; undecodable bytes are not JSON (normal).
+* Text that *is* JSON but cannot be decoded here -- nesting deeper than the
+  recursion limit, an integer longer than Python's int-conversion limit -- is an
+  error: it may well be ``{"error": ...}``.  (Syntax errors mean plain text.)
+* An object whose own methods raise while it is inspected is an error.
 * Arrays, numbers, null and non-JSON text are normal responses (SPEC: "anything
   else"), as are objects whose error sits only in a nested field.
 """
@@ -30,6 +34,8 @@ from typing import Any
 # Double-encoded JSON is decoded at most this many times: deep enough for every
 # wrapper seen in practice, bounded so hostile input cannot loop.
 MAX_DECODE_DEPTH = 3
+# _decode's answer for JSON it could not decode (see the module docstring).
+_UNDECODABLE = object()
 ERROR_STATUSES = frozenset({"error", "failed", "cancelled", "unknown"})
 _FALSE_TEXT = frozenset({"false", "0", "no"})
 _TRUE_TEXT = frozenset({"true", "1", "yes"})
@@ -40,10 +46,15 @@ def is_error_response(response: Any) -> bool:
 
     Never raises for any input shape.
     """
-    decoded = _decode(response)
-    if not isinstance(decoded, dict):
-        return False
-    return _dict_is_error(decoded)
+    try:
+        decoded = _decode(response)
+        if decoded is _UNDECODABLE:
+            return True
+        if not isinstance(decoded, dict):
+            return False
+        return _dict_is_error(decoded)
+    except Exception:  # a dict subclass whose methods raise, and the like
+        return True
 
 
 def _decode(response: Any) -> Any:
@@ -62,16 +73,15 @@ def _decode(response: Any) -> Any:
             return None  # only objects, or strings that may hold one, matter
         try:
             value = json.loads(text)
+        except json.JSONDecodeError:
+            return None  # not JSON: plain text
         except (ValueError, RecursionError):
-            return None
+            return _UNDECODABLE  # JSON too deep or with a too-long integer
     return value if not isinstance(value, str) else None
 
 
 def _dict_is_error(response: dict) -> bool:
-    try:
-        if response.get("error"):
-            return True
-    except Exception:  # an exotic object whose __bool__ raises: conservative
+    if response.get("error"):
         return True
     if "isError" in response and _is_true(response["isError"]):
         return True

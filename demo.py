@@ -52,6 +52,7 @@ class BookingService:
                                "recipient TEXT, subject TEXT)")
 
     def book(self, trip: dict) -> int:
+        """Commit one booking; returns its id."""
         with sqlite3.connect(self.path) as connection:
             cursor = connection.execute(
                 "INSERT INTO bookings(traveller, route, date) VALUES (?, ?, ?)",
@@ -59,11 +60,13 @@ class BookingService:
             return cursor.lastrowid
 
     def send_mail(self, recipient: str, subject: str) -> int:
+        """Commit one outgoing message; returns its id."""
         with sqlite3.connect(self.path) as connection:
             return connection.execute("INSERT INTO outbox(recipient, subject) VALUES (?, ?)",
                                       (recipient, subject)).lastrowid
 
     def count(self, table: str) -> int:
+        """Rows in ``bookings`` or ``outbox``."""
         assert table in ("bookings", "outbox")
         with sqlite3.connect(self.path) as connection:
             return connection.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
@@ -196,6 +199,7 @@ def run_demo(directory: str) -> dict:
 
 
 def main(argv: list | None = None) -> int:
+    """Run the demo (or, with the hidden ``--worker``, one worker); returns the exit code."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--directory", help="keep the demo's files here (new or empty directory)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)

@@ -56,18 +56,30 @@ INSPECTION_TOOLS = ("crash_recovery_status", "crash_recovery_verify")
 NO_RESPONSE_HASH = value_hash(None)
 
 
-@dataclass(frozen=True)
+@dataclass
 class Admission:
     """The binding of SPEC §9: the admitted operation and the call's identity
-    tuple ``(tool_name, session_id, tool_call_id, argument_digest)``."""
+    tuple ``(tool_name, session_id, tool_call_id, argument_digest)``.
+
+    ``active`` turns False when the call ends.  A context copied during the call
+    (a thread or task the tool started) keeps this same object, so a stale copy
+    can never pass as re-entry after the call is over.
+    """
     operation_id: str
     identity: tuple
+    active: bool = True
 
 
 # Per-context: Hermes' concurrent path runs each call in a copied context, so a
 # binding never leaks to another call, thread or later call.
 _ADMISSION: contextvars.ContextVar[Optional[Admission]] = contextvars.ContextVar(
     "crash_recovery_admission", default=None)
+
+
+def _live_admission() -> Optional[Admission]:
+    """This context's binding, if its call is still running."""
+    admission = _ADMISSION.get()
+    return admission if admission is not None and admission.active else None
 
 
 class _Refusal(Exception):
@@ -215,6 +227,23 @@ class RecoveryGuard:
                             operations)
         return _Refusal(error.code, report.integrity_explanation(error, data_dir))
 
+    def _check_gate(self, journal: Journal, identity: Optional[tuple] = None) -> None:
+        """Verify the journal; raise :class:`_Refusal` if it fails or any
+        operation is open.  With ``identity``, the operation this context has
+        admitted for exactly that call is not counted (SPEC §9 binding)."""
+        try:
+            open_operations = journal.unresolved()
+        except JournalError as exc:
+            raise self._refusal_from(exc, journal) from None
+        binding = _live_admission()
+        if identity is not None and binding is not None and binding.identity == identity:
+            open_operations = tuple(operation for operation in open_operations
+                                    if operation.operation_id != binding.operation_id)
+        if open_operations:
+            raise self._refusal_from(AdmissionRefused(
+                "unresolved_operations", "unresolved operations",
+                operations=[operation.to_json() for operation in open_operations]), journal)
+
     def _blocked(self, refusal: _Refusal) -> str:
         journal = self._journal
         return report.blocked_result(refusal.code, refusal.explanation,
@@ -235,18 +264,7 @@ class RecoveryGuard:
             if self.poisoned:
                 raise _Refusal("guard_poisoned", self.poisoned)
             journal, _ = self._open()
-            try:
-                open_operations = journal.unresolved()
-            except JournalError as exc:
-                raise self._refusal_from(exc, journal) from None
-            binding = _ADMISSION.get()
-            if binding is not None and binding.identity == identity:
-                open_operations = tuple(operation for operation in open_operations
-                                        if operation.operation_id != binding.operation_id)
-            if open_operations:
-                raise self._refusal_from(AdmissionRefused(
-                    "unresolved_operations", "unresolved operations",
-                    operations=[operation.to_json() for operation in open_operations]), journal)
+            self._check_gate(journal, identity)
             return None
         except _Refusal as refusal:
             return {"action": "block", "message": self._blocked(refusal)}
@@ -277,7 +295,7 @@ class RecoveryGuard:
             return next_call()
         try:
             identity, call_fingerprint = self._identity(tool_name, args, session_id, tool_call_id)
-            binding = _ADMISSION.get()
+            binding = _live_admission()
             if binding is not None:
                 if binding.identity == identity:
                     # SPEC §9 re-entry: the host nested this middleware for the same call.
@@ -316,20 +334,12 @@ class RecoveryGuard:
             except JournalError as exc:  # e.g. the data directory cannot be resolved
                 raise self._refusal_from(exc, None) from None
             operation_id = str(uuid.uuid4())
-            try:
-                journal.open()  # creates the data directory the owner lock lives in
-                # Read-only check before the owner lock is touched: a refusal changes
-                # no file (SPEC §10), and a killed worker's tag in owner.lock stays
-                # as the operator's evidence.  admit() below re-checks under the lock.
-                open_operations = journal.unresolved()
-            except JournalError as exc:
-                owner = None
-                raise self._refusal_from(exc, journal) from None
-            if open_operations:
-                owner = None
-                raise self._refusal_from(AdmissionRefused(
-                    "unresolved_operations", "unresolved operations",
-                    operations=[operation.to_json() for operation in open_operations]), journal)
+            # Checked before the owner lock is touched (this also creates a fresh
+            # profile's data directory): a refusal changes no file (SPEC §10), and a
+            # killed worker's tag in owner.lock stays as the operator's evidence.
+            # admit() below re-checks under the writer lock.  Releasing an owner
+            # lock this call never took is a no-op.
+            self._check_gate(journal)
             try:
                 if not owner.acquire(operation_id):
                     owner = None
@@ -360,10 +370,12 @@ class RecoveryGuard:
         except BaseException:
             self._release(owner)
             raise
-        token = _ADMISSION.set(Admission(operation_id, identity))
+        admission = Admission(operation_id, identity)
+        token = _ADMISSION.set(admission)
         try:
             return self._call_downstream(journal, operation_id, tool_name, next_call)
         finally:
+            admission.active = False
             _ADMISSION.reset(token)
             self._release(owner)
 
@@ -390,8 +402,9 @@ class RecoveryGuard:
         try:
             result_hash = value_hash(result)
             uncertain = is_error_response(result)
-        except EncodingError:
-            # A response with no canonical form is not a normal response.
+        except Exception:
+            # A response with no canonical form (or one whose own methods raise)
+            # is not a normal response.
             result_hash, uncertain = NO_RESPONSE_HASH, True
         failure = self._record(journal, operation_id, tool_name, uncertain=uncertain,
                                result_hash=result_hash,
@@ -440,7 +453,12 @@ class RecoveryGuard:
         against an external ancestor ``checkpoint`` dict."""
         try:
             journal, _ = self._open()
-            status = journal.verify(checkpoint)
+            # A fresh read-only connection: the worker's own connection may keep
+            # pages cached that were edited on disk behind SQLite's back.
+            with Journal(journal.data_dir, readonly=True) as fresh:
+                status = fresh.verify(checkpoint)
+        except AdmissionRefused as exc:  # a malformed checkpoint; the journal verified
+            return {"ok": False, "integrity": "ok", "error": exc.to_json()}
         except JournalError as exc:
             return {"ok": False, "integrity": exc.code, "error": exc.to_json()}
         return {"ok": True, "integrity": "ok", "checkpoint": status.checkpoint,

@@ -36,11 +36,13 @@ never escapes this module (see :func:`_translate_sqlite_error`).
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
 import re
 import sqlite3
+import stat
 import threading
 import time
 import urllib.parse
@@ -84,6 +86,7 @@ REASONS = {
     "uncertain": ("exception", "cancelled", "error_response"),
 }
 
+SQLITE_MAX_INTEGER = 2**63 - 1
 SQL_CREATE_METADATA = "CREATE TABLE metadata(key TEXT PRIMARY KEY, value TEXT NOT NULL)"
 SQL_CREATE_EVENTS = ("CREATE TABLE events(seq INTEGER PRIMARY KEY, payload TEXT NOT NULL, "
                      "previous TEXT NOT NULL, hash TEXT NOT NULL)")
@@ -143,7 +146,7 @@ class AdmissionRefused(JournalError):
 
     Codes: ``unresolved_operations`` (``details["operations"]`` lists them),
     ``unknown_operation``, ``operation_not_open``, ``operation_not_pending``,
-    ``invalid_request``.
+    ``invalid_request``, ``invalid_checkpoint`` (a malformed external checkpoint).
     """
 
 
@@ -235,6 +238,42 @@ def checkpoint_of(journal_id: str, count: int, head: str, schema: str = SCHEMA) 
 def marker_text(journal_id: str, schema: str = SCHEMA) -> str:
     """Content of the ``initialized`` marker (SPEC §4)."""
     return canonical_text({"journal_id": journal_id, "schema": schema}) + "\n"
+
+
+# The journal's own files are opened without following symlinks and without
+# blocking: a symlink, FIFO, directory or device planted in the data directory
+# must refuse the call -- never hang the host, never redirect a write.
+_SAFE_OPEN_FLAGS = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+# head.json and the marker are ~200 bytes; anything near this size is not ours.
+OWN_FILE_READ_LIMIT = 65536
+
+
+def open_regular_file(path: str, flags: int, mode: int = 0o644) -> int:
+    """``os.open`` for the journal's own files: refuses a symlink (ELOOP) and a
+    FIFO, directory or device (EINVAL) with ``OSError``; never blocks."""
+    descriptor = os.open(path, flags | _SAFE_OPEN_FLAGS, mode)
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+        os.close(descriptor)
+        raise OSError(errno.EINVAL, "not a regular file", path)
+    return descriptor
+
+
+def read_regular_file(path: str, limit: int = OWN_FILE_READ_LIMIT) -> bytes:
+    """Up to ``limit`` + 1 bytes of a regular file (one more than allowed, so a
+    caller can tell "too large").  Raises ``FileNotFoundError`` when absent and
+    ``OSError`` as :func:`open_regular_file` does."""
+    descriptor = open_regular_file(path, os.O_RDONLY)
+    try:
+        chunks, remaining = [], limit + 1
+        while remaining > 0:
+            chunk = os.read(descriptor, remaining)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            remaining -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(descriptor)
 
 
 def _short(text: str, limit: int = 200) -> str:
@@ -346,6 +385,7 @@ class _Chain:
     closed: set = field(default_factory=set)      # operation ids returned/resolved
 
     def checkpoint(self) -> dict:
+        """The checkpoint dict (SPEC §7) of this verified prefix."""
         return checkpoint_of(self.journal_id, self.count, self.head, self.schema)
 
     def operation(self, operation_id: str) -> Optional[Operation]:
@@ -374,6 +414,7 @@ class JournalStatus:
     unresolved: tuple
 
     def to_json(self) -> dict:
+        """``{"checkpoint": {...}, "unresolved": [operation dicts]}``."""
         return {"checkpoint": self.checkpoint,
                 "unresolved": [operation.to_json() for operation in self.unresolved]}
 
@@ -614,13 +655,6 @@ class Journal:
 
     # ------------------------------------------------------------ public --
 
-    def open(self) -> None:
-        """Open the database now, creating the data directory and an empty
-        database file for a fresh profile (tables follow at the first
-        verification).  Cheap once open.  Raises :class:`JournalError`."""
-        with self._lock:
-            self._connect()
-
     def status(self) -> JournalStatus:
         """Verify and return the summary plus open operations (SPEC §10, §11)."""
         with self._verified() as chain:
@@ -741,8 +775,7 @@ class Journal:
                             "repair_not_applicable",
                             f"repair-checkpoint only clears checkpoint_ahead; found {exc.code}: "
                             f"{exc.message}", found=exc.code) from None
-                    with open(self.checkpoint_path, "rb") as stream:
-                        before = json.loads(stream.read(65536))
+                    before = json.loads(read_regular_file(self.checkpoint_path))
                 else:
                     raise IntegrityError("repair_not_applicable",
                                          "head.json already matches the journal", found="ok")
@@ -753,13 +786,14 @@ class Journal:
     def events(self, since: int = 0) -> list:
         """Verify the whole journal, then return ``(seq, payload dict)`` for every
         event with seq > ``since``."""
+        since = max(0, min(int(since), SQLITE_MAX_INTEGER))  # SQLite integers are 64-bit
         with self._lock:
             self._chain = None
             with self._verified():
                 try:
                     rows = self._connection.execute(
                         "SELECT seq, payload FROM events WHERE seq > ? ORDER BY seq",
-                        (int(since),)).fetchall()
+                        (since,)).fetchall()
                 except sqlite3.Error as exc:
                     raise _translate_sqlite_error(exc, "reading events") from None
         return [(seq, json.loads(payload)) for seq, payload in rows]
@@ -827,6 +861,7 @@ class Journal:
         _remember_database(self.database_path)  # before any statement takes a lock
         try:
             if not self.readonly:
+                self._refuse_foreign_tables(connection)
                 mode = self._enable_wal(connection)
                 if str(mode).lower() != "wal":
                     raise JournalUnavailable(
@@ -846,6 +881,17 @@ class Journal:
         self._connection = connection
         self._file_identity = (identity.st_dev, identity.st_ino)
         return connection
+
+    @staticmethod
+    def _refuse_foreign_tables(connection: sqlite3.Connection) -> None:
+        """A database with tables but no journal tables is someone else's:
+        refuse it before ``journal_mode=WAL`` would rewrite its header."""
+        tables = {row[0] for row in connection.execute(SQL_SELECT_TABLES)}
+        if tables and not {"metadata", "events"} <= tables:
+            raise IntegrityError("invalid_metadata",
+                                 f"{DATABASE_NAME} holds tables {sorted(tables)[:10]} but not "
+                                 "metadata/events: it is not a crash-recovery journal; nothing "
+                                 "was changed")
 
     def _enable_wal(self, connection: sqlite3.Connection) -> str:
         """``PRAGMA journal_mode=WAL``, retried while another process is creating
@@ -871,8 +917,8 @@ class Journal:
         opened or changed in either case.
         """
         try:
-            with open(self.database_path, "rb") as stream:
-                header = stream.read(len(SQLITE_FILE_HEADER))
+            header = read_regular_file(self.database_path, len(SQLITE_FILE_HEADER))
+            header = header[:len(SQLITE_FILE_HEADER)]
         except FileNotFoundError:
             return  # removed meanwhile: SQLite and the identity checks decide
         except OSError as exc:
@@ -1132,8 +1178,7 @@ class Journal:
         """Before the chain is read: a marker naming another journal means the
         metadata was changed (or the database swapped) -- not a broken link."""
         try:
-            with open(self.marker_path, "rb") as stream:
-                decoded = json.loads(stream.read(4096))
+            decoded = json.loads(read_regular_file(self.marker_path))
         except (OSError, ValueError):
             return  # missing or unreadable: _check_marker names it after the chain
         if (isinstance(decoded, dict) and _is_uuid(decoded.get("journal_id"))
@@ -1145,8 +1190,7 @@ class Journal:
     def _check_marker(self, chain: _Chain) -> None:
         expected = marker_text(chain.journal_id, chain.schema).encode("utf-8")
         try:
-            with open(self.marker_path, "rb") as stream:
-                found = stream.read(4096)
+            found = read_regular_file(self.marker_path)
         except FileNotFoundError:
             if self._creation_interrupted(chain):
                 return
@@ -1170,8 +1214,7 @@ class Journal:
     def _check_checkpoint(self, chain: _Chain) -> None:
         """``head.json`` must equal the journal summary exactly (SPEC §7)."""
         try:
-            with open(self.checkpoint_path, "rb") as stream:
-                found = stream.read(65536)
+            found = read_regular_file(self.checkpoint_path)
         except FileNotFoundError:
             if self._creation_interrupted(chain):
                 return
@@ -1181,6 +1224,9 @@ class Journal:
         expected = chain.checkpoint()
         if found == canonical_text(expected).encode("utf-8"):
             return
+        if len(found) > OWN_FILE_READ_LIMIT:
+            raise IntegrityError("checkpoint_corrupt",
+                                 f"{CHECKPOINT_NAME} is larger than {OWN_FILE_READ_LIMIT} bytes")
         if not found.strip():
             raise IntegrityError("checkpoint_empty", f"{CHECKPOINT_NAME} is empty")
         try:
@@ -1224,8 +1270,8 @@ class Journal:
 
     def _check_ancestor(self, chain: _Chain, checkpoint: Any) -> None:
         problem = _checkpoint_shape_problem(checkpoint)
-        if problem:
-            raise IntegrityError("checkpoint_not_ancestor", f"external checkpoint: {problem}")
+        if problem:  # the file is malformed; the journal itself verified
+            raise AdmissionRefused("invalid_checkpoint", f"external checkpoint: {problem}")
         if checkpoint["journal_id"] != chain.journal_id or checkpoint["schema"] != chain.schema:
             raise IntegrityError("checkpoint_not_ancestor",
                                  "external checkpoint belongs to another journal or schema")
@@ -1307,7 +1353,12 @@ class Journal:
         temp_path = self._temp_path if target == self.checkpoint_path else target + ".tmp"
         replaced = False
         try:
-            descriptor = os.open(temp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            # Whatever sits at the temp path (a killed writer's leftover, or a
+            # planted symlink/FIFO) is removed, never written through.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temp_path)
+            descriptor = os.open(temp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _SAFE_OPEN_FLAGS,
+                                 0o644)
             try:
                 view = memoryview(content)
                 while view:

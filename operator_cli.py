@@ -33,12 +33,12 @@ from typing import Any, Optional, Sequence
 try:  # package (pip install: console script) or top-level (python operator_cli.py)
     from . import report
     from .journal import (CHECKPOINT_NAME, AdmissionRefused, Journal, JournalError,
-                          canonical_text)
+                          canonical_text, open_regular_file, read_regular_file)
     from .owner import OWNER_RUNNING, probe_owner
 except ImportError:
     import report  # type: ignore[no-redef]
     from journal import (CHECKPOINT_NAME, AdmissionRefused, Journal,  # type: ignore[no-redef]
-                         JournalError, canonical_text)
+                         JournalError, canonical_text, open_regular_file, read_regular_file)
     from owner import OWNER_RUNNING, probe_owner  # type: ignore[no-redef]
 
 OPERATOR_LOG_NAME = "operator.log"
@@ -48,6 +48,7 @@ EVIDENCE_MAX_CHARS = 65536
 # Enough to re-run a verification on many past repairs, bounded so a huge log
 # cannot make `verify` slow.
 OPERATOR_LOG_MAX_LINES = 10000
+OPERATOR_LOG_MAX_BYTES = 16 * 1024 * 1024
 # The next step for a person who meets an error code (added to the error as
 # ``hint``); codes not listed need no more than their message.
 ERROR_HINTS = {
@@ -58,8 +59,9 @@ ERROR_HINTS = {
     "owner_running": "stop the worker (or wait for the call to finish), then run `status` again; "
                      "use --force only when you know the worker can no longer act, and say why "
                      "in --evidence",
-    "journal_absent": "no journal in this directory: check --data-dir (or HERMES_HOME); the "
-                      "directory is created by the first protected call",
+    "journal_absent": "no journal in this directory: check --data-dir (or HERMES_HOME). A "
+                      "fresh profile has none until its first protected call; anywhere else "
+                      "this is the wrong directory",
     "operation_not_open": "the operation is already settled: `show OP` prints its history",
     "unknown_operation": "copy the operation id from `status`",
     "repair_not_applicable": "repair-checkpoint only clears checkpoint_ahead; any other "
@@ -83,6 +85,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse that reports usage errors as :class:`CommandError` (JSON, exit 1)."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        """Raise instead of printing usage and exiting 2."""
         raise CommandError("usage", f"{message} (see --help)")
 
 
@@ -107,6 +110,7 @@ output: one JSON document (exit 0 ok, 1 error); --format text for status/show/lo
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The argparse parser for every command (usage errors raise CommandError)."""
     parser = _Parser(prog="operator_cli.py",
                      description="Inspect and settle the crash-recovery journal (SPEC §11).",
                      epilog=RUNBOOK_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -116,11 +120,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--format", choices=("json", "text"), default="json",
                         help="json (default) or aligned text tables for status/show/log")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    # `status --format text` works too: people put options after the command.
+    # `status --format text --data-dir D` works too: people put options after the command.
     # SUPPRESS keeps a value given before the command when none is given after.
     format_option = _Parser(add_help=False)
     format_option.add_argument("--format", choices=("json", "text"), default=argparse.SUPPRESS,
                                help="json (default) or aligned text tables")
+    format_option.add_argument("--data-dir", default=argparse.SUPPRESS,
+                               help="as before the command")
     commands.add_parser("status", help="integrity and unresolved operations",
                         parents=[format_option])
     show = commands.add_parser("show", help="one operation's verified history",
@@ -192,8 +198,8 @@ def _append_operator_log(data_dir: str, entry: dict) -> Optional[str]:
     (the journal event is already durable and is the source of truth)."""
     line = (canonical_text(entry) + "\n").encode("utf-8")
     try:
-        descriptor = os.open(os.path.join(data_dir, OPERATOR_LOG_NAME),
-                             os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        descriptor = open_regular_file(os.path.join(data_dir, OPERATOR_LOG_NAME),
+                                       os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         try:
             os.write(descriptor, line)
             os.fsync(descriptor)
@@ -209,8 +215,8 @@ def read_operator_log(data_dir: str) -> list:
     reported as ``{"unreadable_line": N}``."""
     path = os.path.join(data_dir, OPERATOR_LOG_NAME)
     try:
-        with open(path, "rb") as stream:
-            lines = stream.read().splitlines()[-OPERATOR_LOG_MAX_LINES:]
+        lines = read_regular_file(path, OPERATOR_LOG_MAX_BYTES).splitlines()
+        lines = lines[-OPERATOR_LOG_MAX_LINES:]
     except FileNotFoundError:
         return []
     except OSError as exc:
@@ -232,8 +238,10 @@ def _lost_event(unresolved: tuple) -> str:
     COMMIT); with one open it was that operation's outcome or resolution, and
     the operation stays open and blocking."""
     if not unresolved:
-        return ("a started event: that call was never admitted and its tool never ran "
-                "(downstream starts only after the commit)")
+        return ("most likely a started event whose tool never ran (a crash before its commit: "
+                "downstream starts only after it). A committed event deleted on purpose, or a "
+                "database restored from a copy one event old, looks the same: if that is "
+                "possible, check the real service for a call at that time")
     return (f"an outcome or resolution of operation {unresolved[0].operation_id} "
             f"({unresolved[0].tool}); it stays {unresolved[0].state} and keeps blocking until "
             "an operator resolves it")
@@ -247,12 +255,11 @@ def _history(events: list, operation_id: str) -> list:
 # ----------------------------------------------------------------- commands --
 
 def command_status(args: argparse.Namespace, data_dir: str) -> dict:
+    """``status``: integrity plus every unresolved operation (exit 0 even when
+    some are open).  No journal at all is exit 1 ``journal_absent``: a mistyped
+    --data-dir must never read as "nothing is blocked"."""
     with Journal(data_dir, readonly=True) as journal:
         result = report.status_report(journal, data_dir)
-    if result["integrity"] == "journal_absent":
-        # A fresh profile: nothing was ever journaled, nothing is blocked.
-        return {"ok": True, "integrity": "ok", "journal": "absent", "data_dir": data_dir,
-                "checkpoint": None, "unresolved": []}
     if not result["ok"]:
         details = {key: value for key, value in result["error"].items()
                    if key not in ("code", "message")}
@@ -262,6 +269,7 @@ def command_status(args: argparse.Namespace, data_dir: str) -> dict:
 
 
 def command_show(args: argparse.Namespace, data_dir: str) -> dict:
+    """``show OP``: one operation's state and its whole verified history."""
     operation_id = _operation_id(args.operation_id)
     with Journal(data_dir, readonly=True) as journal:
         events = journal.events()
@@ -291,6 +299,7 @@ def command_show(args: argparse.Namespace, data_dir: str) -> dict:
 
 
 def command_log(args: argparse.Namespace, data_dir: str) -> dict:
+    """``log [--since SEQ]``: a verified export of events with seq > SINCE."""
     with Journal(data_dir, readonly=True) as journal:
         events = journal.events(since=max(0, args.since))
         checkpoint = journal.checkpoint()
@@ -299,7 +308,8 @@ def command_log(args: argparse.Namespace, data_dir: str) -> dict:
 
 
 def command_verify(args: argparse.Namespace, data_dir: str) -> dict:
-    external = _read_checkpoint_file(args.checkpoint) if args.checkpoint else None
+    """``verify [--checkpoint FILE]``: full verification, optional ancestor check, past repairs."""
+    external = _read_checkpoint_file(args.checkpoint) if args.checkpoint is not None else None
     with Journal(data_dir, readonly=True, create=False) as journal:
         status = journal.verify(external)
     repairs = [entry for entry in read_operator_log(data_dir)
@@ -311,11 +321,13 @@ def command_verify(args: argparse.Namespace, data_dir: str) -> dict:
 
 
 def command_checkpoint(args: argparse.Namespace, data_dir: str) -> dict:
+    """``checkpoint``: the current checkpoint dict exactly (to keep elsewhere)."""
     with Journal(data_dir, readonly=True) as journal:
         return journal.checkpoint()
 
 
 def command_resolve(args: argparse.Namespace, data_dir: str) -> dict:
+    """``resolve OP``: append ``resolved``; refuses a running owner without --force."""
     operation_id = _operation_id(args.operation_id)
     evidence = _evidence(args.evidence)
     owner = probe_owner(data_dir, operation_id)
@@ -342,6 +354,7 @@ def command_resolve(args: argparse.Namespace, data_dir: str) -> dict:
 
 
 def command_repair(args: argparse.Namespace, data_dir: str) -> dict:
+    """``repair-checkpoint``: re-anchor head.json in the checkpoint_ahead state only."""
     evidence = _evidence(args.evidence)
     with Journal(data_dir, create=False) as journal:
         before, after = journal.repair_checkpoint()
@@ -473,6 +486,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         output_format, command = args.format, args.command
         if command is None:
             raise CommandError("usage", "a command is required (see --help)")
+        if args.data_dir is not None and not args.data_dir.strip():
+            raise CommandError("usage", "--data-dir is empty (an unset shell variable?)")
         data_dir = os.path.abspath(args.data_dir or default_data_dir())
         result = COMMANDS[command](args, data_dir)
         exit_code = 0
@@ -509,6 +524,11 @@ def run() -> int:
         return exit_code
     except BrokenPipeError:
         # Python flushes stdout again at exit; point it at /dev/null first.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except OSError as exc:  # stdout itself failed (a full disk): nothing to print to
+        print(f"operator_cli.py: cannot write the result: {exc.strerror or exc}",
+              file=sys.stderr)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
 

@@ -26,6 +26,11 @@ import os
 import time
 from typing import Optional
 
+try:  # package (inside Hermes, pip install) or top-level (scripts, tests)
+    from .journal import open_regular_file
+except ImportError:
+    from journal import open_regular_file  # type: ignore[no-redef]
+
 try:
     import fcntl
 except ImportError:  # Windows: owners are reported as "unknown"
@@ -71,9 +76,11 @@ class OwnerLock:
         self._descriptor: Optional[int] = None
 
     def acquire(self, operation_id: str) -> bool:
+        """Lock and tag ``owner.lock``; False if another process holds it."""
         if fcntl is None:
             return True
-        descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        # A symlink/FIFO planted as owner.lock refuses (OSError), never blocks.
+        descriptor = open_regular_file(self.path, os.O_RDWR | os.O_CREAT)
         try:
             for attempt in range(ACQUIRE_ATTEMPTS):
                 try:
@@ -95,6 +102,7 @@ class OwnerLock:
         return True
 
     def release(self) -> None:
+        """Clear the tag and unlock; a no-op when this object holds nothing."""
         descriptor, self._descriptor = self._descriptor, None
         if descriptor is None:
             return
@@ -117,7 +125,7 @@ def probe_owner(data_dir: str, operation_id: str) -> dict:
         return result
     path = os.path.join(os.fspath(data_dir), OWNER_LOCK_NAME)
     try:
-        descriptor = os.open(path, os.O_RDONLY)
+        descriptor = open_regular_file(path, os.O_RDONLY)
     except FileNotFoundError:
         result["owner"] = OWNER_GONE  # no worker ever held it in this profile
         return result

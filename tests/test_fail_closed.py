@@ -133,7 +133,7 @@ ADMISSION_STEPS = {
                    "internal_error", True),
     "fsync": (lambda: os_failing("fsync"), "storage_unavailable", False),
     "replace": (lambda: os_failing("replace"), "storage_unavailable", False),
-    "open": (lambda: os_failing("open", errno.EACCES), "storage_unavailable", False),
+    "open": (lambda: os_failing("open", errno.EACCES), "storage_unavailable", True),
 }
 BOUNDARIES = ("begin", "inserted", "checkpoint_written", "checkpoint_fsynced",
               "checkpoint_replaced", "directory_fsynced")

@@ -20,7 +20,7 @@ from support import REPO, JournalTestCase, verifier
 
 import journal as journal_module
 from guard import RecoveryGuard
-from journal import AdmissionRefused, IntegrityError, Journal, JournalUnavailable
+from journal import AdmissionRefused, IntegrityError, Journal, JournalError, JournalUnavailable
 
 HASH_A = "a" * 64
 HASH_B = "b" * 64
@@ -457,10 +457,10 @@ class ExternalCheckpointTests(JournalTestCase):
         returned(self.journal, operation)
         self.current = self.journal.checkpoint()
 
-    def assertNotAncestor(self, checkpoint):
-        with self.assertRaises(IntegrityError) as caught:
+    def assertNotAncestor(self, checkpoint, code="checkpoint_not_ancestor"):
+        with self.assertRaises(JournalError) as caught:
             self.journal.verify(checkpoint)
-        self.assertEqual(caught.exception.code, "checkpoint_not_ancestor")
+        self.assertEqual(caught.exception.code, code)
         report = verifier().verify(self.data_dir)
         self.assertNotEqual(verifier().check_ancestor(report, checkpoint), [])
 
@@ -491,9 +491,12 @@ class ExternalCheckpointTests(JournalTestCase):
             "boolean count": dict(self.genesis, count=False),
             "not a dict": [self.current],
         }
+        malformed = ("missing key", "extra key", "negative count", "boolean count", "not a dict")
         for label, checkpoint in cases.items():
             with self.subTest(label):
-                self.assertNotAncestor(checkpoint)
+                # A malformed export is a bad request, not a verdict on the journal.
+                self.assertNotAncestor(checkpoint, "invalid_checkpoint" if label in malformed
+                                       else "checkpoint_not_ancestor")
 
 
 class ReadOnlyTests(JournalTestCase):

@@ -86,7 +86,8 @@ class Fixture:
         self.call("c4")
         self.count = len(_rows(self.database))
         case.assertEqual(self.count, 11)
-        self.journal_id = json.load(open(self.head))["journal_id"]
+        with open(self.head) as stream:
+            self.journal_id = json.load(stream)["journal_id"]
 
     @staticmethod
     def _boom():
@@ -414,11 +415,19 @@ class ExternalCheckpoint(JournalTestCase):
                 path = os.path.join(self.root, f"{label}.json")
                 _write(path, json.dumps(checkpoint).encode())
                 code, output, text = run_cli(self.data_dir, "verify", "--checkpoint", path)
-                self.assertEqual((code, output["integrity"]), (1, "checkpoint_not_ancestor"), text)
                 guard = RecoveryGuard(self.data_dir)
-                self.assertEqual(guard.verify_report(checkpoint)["integrity"],
-                                 "checkpoint_not_ancestor")
+                report = guard.verify_report(checkpoint)
                 guard._journal.close()
+                if label in ("not_a_checkpoint", "negative"):
+                    # A malformed file, not a verdict on the journal (which verified).
+                    self.assertEqual((code, output["integrity"], output["error"]["code"]),
+                                     (1, "ok", "invalid_checkpoint"), text)
+                    self.assertEqual((report["integrity"], report["error"]["code"]),
+                                     ("ok", "invalid_checkpoint"))
+                else:
+                    self.assertEqual((code, output["integrity"]), (1, "checkpoint_not_ancestor"),
+                                     text)
+                    self.assertEqual(report["integrity"], "checkpoint_not_ancestor")
         path = os.path.join(self.root, "good.json")
         _write(path, json.dumps(good).encode())
         code, output, _ = run_cli(self.data_dir, "verify", "--checkpoint", path)
