@@ -430,6 +430,12 @@ class RecoveryGuard:
                                "operation_id": operation_id, "tool": tool_name, "code": code,
                                "explanation": self.poisoned}, sort_keys=True)
 
+    def close(self) -> None:
+        """Close the journal connection (idempotent); the next call reopens it."""
+        journal = self._journal
+        if journal is not None:
+            journal.close()
+
     # ----------------------------------------------------- inspection tools --
 
     def status_report(self) -> dict:

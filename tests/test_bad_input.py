@@ -55,7 +55,7 @@ class Arguments(ReliabilityCase):
                                                    tool_call_id="w"), {"ok": True})
 
     def tearDown(self):
-        self.guard._journal.close()
+        self.guard.close()
         super().tearDown()
 
     def assert_refused(self, args, code, tool="book_flight"):
@@ -251,7 +251,7 @@ class Responses(ReliabilityCase):
                 if kind == "uncertain":
                     operation = journal.unresolved()[0].operation_id
                     journal.resolve(operation, outcome="completed", evidence="checked the service")
-        guard._journal.close()
+        guard.close()
         report = self.assertVerifies()
         self.assertEqual(report.unresolved(), [])
 
@@ -275,7 +275,7 @@ class OperatorInput(ReliabilityCase):
         guard.tool_execution("pay", {}, Counter({"status": "failed"}), session_id="s",
                              tool_call_id="open")
         self.open = guard._journal.unresolved()[0].operation_id
-        guard._journal.close()
+        guard.close()
 
     def resolve(self, operation, evidence, *extra):
         return run_cli(self.data_dir, "resolve", operation, "--outcome", "not_applied",

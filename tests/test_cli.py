@@ -29,7 +29,7 @@ class CliTestCase(JournalTestCase):
         with self.assertRaises(TimeoutError):
             guard.tool_execution(tool_name="book_trip", args={"to": "LIS"}, next_call=explode,
                                  session_id="s-1", tool_call_id="call-2")
-        guard._journal.close()  # the worker stops before the operator acts
+        guard.close()  # the worker stops before the operator acts
         report = self.assertVerifies()
         self.returned_op = report.events[0]["operation_id"]
         [self.open_op] = report.unresolved()

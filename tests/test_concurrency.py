@@ -103,7 +103,7 @@ class Threads(ReliabilityCase):
         self.assertIsNone(_ADMISSION.get())
         self.assertEqual(guard.tool_execution("pay", {"i": admitted}, lambda: "again",
                                               session_id="s", tool_call_id=f"c{admitted}"), "again")
-        guard._journal.close()
+        guard.close()
         report = self.assertVerifies()
         self.assertEqual(report.kinds(), ["started", "returned"] * 3)
 
@@ -132,7 +132,7 @@ class Threads(ReliabilityCase):
                                               tool_call_id="c"), "ok")
         self.assertEqual(json.loads(seen["other"]["message"])["code"], "unresolved_operations")
         self.assertEqual(seen["nested"]["code"], "nested_call")
-        guard._journal.close()
+        guard.close()
         self.assertVerifies()
 
 

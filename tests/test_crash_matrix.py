@@ -92,7 +92,7 @@ class CrashMatrix(JournalTestCase):
                 guard.tool_execution("book_flight", {"request": "u"}, boom,
                                      session_id="s", tool_call_id="u")
             operation = guard._journal.unresolved()[0].operation_id
-        guard._journal.close()
+        guard.close()
         return operation
 
     def kill(self, *words):
@@ -174,7 +174,7 @@ class CrashMatrix(JournalTestCase):
                                               lambda: {"status": "confirmed"},
                                               session_id="s", tool_call_id="after"),
                          {"status": "confirmed"})
-        guard._journal.close()
+        guard.close()
         self.assertVerifies()
 
 

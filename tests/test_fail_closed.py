@@ -168,7 +168,7 @@ class Admission(ReliabilityCase):
         guard = RecoveryGuard(self.data_dir)
         self.assertEqual(guard.tool_execution("seed", {}, Counter(), session_id="s",
                                               tool_call_id="seed"), {"ok": True})
-        guard._journal.close()
+        guard.close()
         self.before = logical_snapshot(self)
 
     def attempt(self, injection, code, hook_blocks):
@@ -190,7 +190,7 @@ class Admission(ReliabilityCase):
             self.assertIsNone(hook)
         self.assertIsNone(guard.poisoned)
         if guard._journal is not None:
-            guard._journal.close()
+            guard.close()
         return guard
 
     def assert_untouched(self):
@@ -202,7 +202,7 @@ class Admission(ReliabilityCase):
         guard = RecoveryGuard(self.data_dir)
         self.assertEqual(guard.tool_execution("next", {}, Counter(), session_id="s",
                                               tool_call_id="n"), {"ok": True})
-        guard._journal.close()
+        guard.close()
 
     def test_each_admission_step_failing(self):
         for step, (injection, code, hook_blocks) in ADMISSION_STEPS.items():
@@ -273,7 +273,7 @@ class AfterDownstream(ReliabilityCase):
                                            tool_call_id="c2")
                 self.assertEqual(json.loads(hook["message"])["code"], "guard_poisoned")
                 self.assertEqual(downstream.calls, 1, "downstream was called again")
-                guard._journal.close()
+                guard.close()
                 report = self.assertVerifies()  # nothing half-written
                 expected = ["returned"] if step == "hook_committed" else ["pending"]
                 self.assertEqual([report.state_of(op) for op in
@@ -299,7 +299,7 @@ class AfterDownstream(ReliabilityCase):
         self.assertEqual(json.loads(guard.tool_execution("pay", {}, downstream, session_id="s",
                                                          tool_call_id="d"))["code"], "guard_poisoned")
         self.assertEqual(downstream.calls, 1)
-        guard._journal.close()
+        guard.close()
         self.assertEqual(self.assertVerifies().unresolved().__len__(), 1)
 
 
@@ -326,7 +326,7 @@ class Environments(ReliabilityCase):
     def test_database_locked_by_another_process(self):
         guard = RecoveryGuard(self.data_dir)
         guard.tool_execution("seed", {}, Counter(), session_id="s", tool_call_id="s")
-        guard._journal.close()
+        guard.close()
         before = logical_snapshot(self)
         holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER,
                                    os.path.join(self.data_dir, "journal.sqlite3")],
@@ -369,7 +369,7 @@ class Environments(ReliabilityCase):
         existing = os.path.join(parent, "existing")
         guard = RecoveryGuard(existing)
         guard.tool_execution("seed", {}, Counter(), session_id="s", tool_call_id="s")
-        guard._journal.close()
+        guard.close()
         probe = textwrap.dedent(f"""
             import json, sys
             sys.path.insert(0, {REPO!r})

@@ -63,7 +63,7 @@ class GuardTestCase(JournalTestCase):
     @staticmethod
     def close_guard(guard):
         if guard._journal is not None:
-            guard._journal.close()
+            guard.close()
 
     def call(self, tool="book_trip", args=_BOOKING_ARGS, downstream=None, guard=None,
              session="s-1", call_id="call-1"):

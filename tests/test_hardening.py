@@ -72,7 +72,7 @@ class UndecodableErrorResponses(HardeningCase):
         self.assertIsInstance(result, Raising)
         states = [operation.state for operation in guard._journal.unresolved()]
         self.assertEqual(states, ["uncertain"])
-        guard._journal.close()
+        guard.close()
         self.assertVerifies()
 
     def test_gate_closes_after_undecodable_error(self):
@@ -87,7 +87,7 @@ class UndecodableErrorResponses(HardeningCase):
                 self.assertEqual(self.blocked_code(self.call(guard, again, f"retry-{index}")),
                                  "unresolved_operations")
                 self.assertEqual(again.calls, 0)
-        guard._journal.close()
+        guard.close()
         self.assertVerifies()
 
 
@@ -114,7 +114,7 @@ class CopiedContextBinding(HardeningCase):
         self.assertEqual(again.calls, 0)
         kinds = [event["kind"] for _, event in guard._journal.events()]
         self.assertEqual(kinds, ["started", "uncertain"])
-        guard._journal.close()
+        guard.close()
         self.assertVerifies()
 
 
@@ -135,7 +135,7 @@ class PlantedFiles(HardeningCase):
     def prepared(self):
         guard = RecoveryGuard(self.data_dir)
         self.call(guard, Downstream())
-        guard._journal.close()
+        guard.close()
 
     def run_fresh_process(self):
         completed = subprocess.run(
@@ -211,7 +211,7 @@ class OversizedCheckpoint(HardeningCase):
     def test_junk_after_a_valid_checkpoint_is_refused(self):
         guard = RecoveryGuard(self.data_dir)
         self.call(guard, Downstream())
-        guard._journal.close()
+        guard.close()
         head = os.path.join(self.data_dir, "head.json")
         with open(head, "rb") as stream:
             valid = stream.read()
@@ -224,7 +224,7 @@ class OversizedCheckpoint(HardeningCase):
         self.assertEqual(self.blocked_code(self.call(guard, downstream, "call-2")),
                          "checkpoint_corrupt")
         self.assertEqual(downstream.calls, 0)
-        guard._journal.close()
+        guard.close()
 
 
 class ForeignDatabase(HardeningCase):
@@ -258,7 +258,7 @@ class OperatorInput(HardeningCase):
         super().setUp()
         guard = RecoveryGuard(self.data_dir)
         self.call(guard, Downstream())
-        guard._journal.close()
+        guard.close()
 
     def test_huge_since_is_not_a_traceback(self):
         code, result, output = run_cli(self.data_dir, "log", "--since", "9" * 30)
@@ -297,4 +297,4 @@ class VerifyToolReadsTheFiles(HardeningCase):
         connection.close()
         report = guard.verify_report()
         self.assertEqual((report["ok"], report["integrity"]), (False, "hash_mismatch"))
-        guard._journal.close()
+        guard.close()

@@ -100,7 +100,7 @@ class OperatorTestCase(JournalTestCase):
     def guard(self, **options):
         """A RecoveryGuard on self.data_dir whose journal is closed at cleanup."""
         guard = RecoveryGuard(self.data_dir, **options)
-        self.addCleanup(lambda: guard._journal is not None and guard._journal.close())
+        self.addCleanup(lambda: guard._journal is not None and guard.close())
         return guard
 
     def cli(self, *words, expect=0):
@@ -159,7 +159,7 @@ class OperatorTestCase(JournalTestCase):
             guard.tool_execution(tool_name="book_flight", args={"to": "OPO"}, next_call=failing,
                                  session_id="session-U", tool_call_id="call-U")
         if own_guard:
-            guard._journal.close()
+            guard.close()
         return self.cli("status")["unresolved"][0]["operation_id"]
 
     def operator_log(self):
@@ -315,7 +315,7 @@ class RepairTest(OperatorTestCase):
         self.assertEqual(guard.tool_execution(tool_name="book_flight", args={"to": "LIS"},
                                               next_call=lambda: "booked"), "booked")
         self.make_uncertain(guard)
-        guard._journal.close()
+        guard.close()
         checkpoint = self.cli("checkpoint")
         head_path = os.path.join(self.data_dir, "head.json")
         with sqlite3.connect(os.path.join(self.data_dir, "journal.sqlite3")) as connection:

@@ -283,8 +283,8 @@ class TamperCatalogue(JournalTestCase):
         self.assertEqual(logical_snapshot(self), before, "a refusal changed the files")
         self.assertEqual(os.path.exists(fixture.database), database_existed,
                          "the database was re-created")
-        fresh._journal.close()
-        fixture.guard._journal.close()
+        fresh.close()
+        fixture.guard.close()
 
 
 def _make(name, full):
@@ -309,7 +309,7 @@ class StrayWal(JournalTestCase):
             guard.tool_execution("book_flight", {"n": index}, lambda: {"ok": True},
                                  session_id="s", tool_call_id=str(index))
         shutil.copytree(live, self.data_dir)
-        guard._journal.close()
+        guard.close()
         self.assertGreater(os.path.getsize(os.path.join(self.data_dir, "journal.sqlite3-wal")), 0)
         return os.path.join(self.data_dir, "journal.sqlite3")
 
@@ -317,7 +317,7 @@ class StrayWal(JournalTestCase):
         other = os.path.join(self.root, "other")
         guard = RecoveryGuard(other)
         guard.tool_execution("send", {}, lambda: {"ok": True}, session_id="s", tool_call_id="x")
-        guard._journal.close()
+        guard.close()
         return os.path.join(other, "journal.sqlite3")
 
     def assert_stray(self, code="stray_wal"):
@@ -338,7 +338,7 @@ class StrayWal(JournalTestCase):
                                        tool_call_id="n")
             self.assertEqual(json.loads(hook["message"])["code"], code)
             if guard._journal is not None:
-                guard._journal.close()
+                guard.close()
         self.assertEqual(self.snapshot(), before)
         with open(wal, "rb") as stream:  # SQLite did not delete or rewrite the WAL
             self.assertEqual(stream.read(), wal_bytes)
@@ -388,7 +388,7 @@ class StrayWal(JournalTestCase):
         guard.tool_execution("book_flight", {"n": 1}, lambda: {"ok": True},
                              session_id="s", tool_call_id="1")
         shutil.copytree(live, self.data_dir)
-        guard._journal.close()
+        guard.close()
         shutil.copyfile(older, os.path.join(self.data_dir, "journal.sqlite3"))
         code, output, text = run_cli(self.data_dir, "verify")
         self.assertEqual((code, output["integrity"], output["count"]), (0, "ok", 4), text)
@@ -399,7 +399,7 @@ class ExternalCheckpoint(JournalTestCase):
 
     def test_not_an_ancestor(self):
         fixture = Fixture(self, True)
-        fixture.guard._journal.close()
+        fixture.guard.close()
         good = fixture.checkpoint(5)
         cases = {
             "ahead": fixture.checkpoint(fixture.count + 1),
@@ -417,7 +417,7 @@ class ExternalCheckpoint(JournalTestCase):
                 code, output, text = run_cli(self.data_dir, "verify", "--checkpoint", path)
                 guard = RecoveryGuard(self.data_dir)
                 report = guard.verify_report(checkpoint)
-                guard._journal.close()
+                guard.close()
                 if label in ("not_a_checkpoint", "negative"):
                     # A malformed file, not a verdict on the journal (which verified).
                     self.assertEqual((code, output["integrity"], output["error"]["code"]),
