@@ -75,10 +75,7 @@ READ_RETRY_PAUSE_SECONDS = 0.02
 WAL_RETRY_PAUSE_SECONDS = 0.01
 
 STATE_PENDING = "pending"
-STATE_RETURNED = "returned"
 STATE_UNCERTAIN = "uncertain"
-STATE_RESOLVED = "resolved"
-OPEN_STATES = (STATE_PENDING, STATE_UNCERTAIN)
 OUTCOMES = ("completed", "not_applied")
 # Reason labels of SPEC §5, per event kind.
 REASONS = {
@@ -1016,10 +1013,10 @@ class Journal:
                 connection.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
                 raise _translate_sqlite_error(exc, "taking the journal writer lock") from None
-            reach_boundary("begin", kind)
             self._appending = False
             self._undo_checkpoint = None
             try:
+                reach_boundary("begin", kind)
                 chain = self._verify_locked(connection, check_checkpoint)
                 yield chain
             except BaseException:
