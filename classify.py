@@ -21,7 +21,9 @@ conservative answer (error, so the operation becomes ``uncertain``) wins:
 * bytes are decoded as UTF-8 first; undecodable bytes are not JSON (normal).
 * Text that *is* JSON but cannot be decoded here -- nesting deeper than the
   recursion limit, an integer longer than Python's int-conversion limit -- is an
-  error: it may well be ``{"error": ...}``.  (Syntax errors mean plain text.)
+  error: it may well be ``{"error": ...}``.  So is text that starts with a JSON
+  object and goes on (JSON Lines, a trailing NUL, ``{"error": "x"} (request 7)``):
+  ambiguous.  Other syntax errors mean plain text (normal).
 * An object whose own methods raise while it is inspected is an error.
 * Arrays, numbers, null and non-JSON text are normal responses (SPEC: "anything
   else"), as are objects whose error sits only in a nested field.
@@ -34,8 +36,9 @@ from typing import Any
 # Double-encoded JSON is decoded at most this many times: deep enough for every
 # wrapper seen in practice, bounded so hostile input cannot loop.
 MAX_DECODE_DEPTH = 3
-# _decode's answer for JSON it could not decode (see the module docstring).
+# _decode's answer for a JSON object it cannot take at face value (see above).
 _UNDECODABLE = object()
+_DECODER = json.JSONDecoder()
 ERROR_STATUSES = frozenset({"error", "failed", "cancelled", "unknown"})
 _FALSE_TEXT = frozenset({"false", "0", "no"})
 _TRUE_TEXT = frozenset({"true", "1", "yes"})
@@ -74,10 +77,19 @@ def _decode(response: Any) -> Any:
         try:
             value = json.loads(text)
         except json.JSONDecodeError:
-            return None  # not JSON: plain text
+            return _UNDECODABLE if _starts_with_object(text) else None
         except (ValueError, RecursionError):
             return _UNDECODABLE  # JSON too deep or with a too-long integer
     return value if not isinstance(value, str) else None
+
+
+def _starts_with_object(text: str) -> bool:
+    """Does ``text`` begin with a complete JSON object (followed by more)?"""
+    try:
+        value, _ = _DECODER.raw_decode(text)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(value, dict)
 
 
 def _dict_is_error(response: dict) -> bool:

@@ -319,70 +319,79 @@ class RecoveryGuard:
         return self._run_protected(identity, call_fingerprint, next_call)
 
     def _run_protected(self, identity: tuple, call_fingerprint: str, next_call: Callable) -> Any:
-        tool_name, session_id, tool_call_id, args_hash = identity
+        tool_name = identity[0]
+        admission: Optional[Admission] = None
+        token = None
         if not self._in_flight.acquire(blocking=False):
             return self._blocked(_Refusal(
                 "operation_in_flight",
                 f"Another protected call is running in this process, so {tool_name} was refused "
                 "and not run (one protected call at a time). Do not retry automatically."))
-        owner: Optional[OwnerLock] = None
+        # One finally for everything from here on: an interrupt at any point
+        # (even between admit() and the binding) resets the binding and
+        # releases both locks.
         try:
-            if self.poisoned:
-                raise _Refusal("guard_poisoned", self.poisoned)
             try:
-                journal, owner = self._open()
-            except JournalError as exc:  # e.g. the data directory cannot be resolved
-                raise self._refusal_from(exc, None) from None
-            operation_id = str(uuid.uuid4())
-            # Checked before the owner lock is touched (this also creates a fresh
-            # profile's data directory): a refusal changes no file (SPEC §10), and a
-            # killed worker's tag in owner.lock stays as the operator's evidence.
-            # admit() below re-checks under the writer lock.  Releasing an owner
-            # lock this call never took is a no-op.
-            self._check_gate(journal)
-            try:
-                if not owner.acquire(operation_id):
-                    owner = None
-                    raise _Refusal(
-                        "operation_in_flight",
-                        f"Another process is running a protected call in this profile, so "
-                        f"{tool_name} was refused and not run. Do not retry automatically.")
-            except OSError as exc:
-                owner = None
-                raise _Refusal("storage_unavailable",
-                               f"The owner lock in {journal.data_dir} cannot be used "
-                               f"({exc.strerror or exc}); nothing was run.") from None
-            try:
-                journal.admit(operation_id=operation_id, tool=tool_name, args_hash=args_hash,
-                              fingerprint=call_fingerprint, session_id=session_id,
-                              tool_call_id=tool_call_id)
-            except JournalError as exc:
-                raise self._refusal_from(exc, journal) from None
-        except _Refusal as refusal:
-            self._release(owner)
-            return self._blocked(refusal)
-        except Exception as exc:
-            self._release(owner)
-            logger.exception("crash-recovery: admission failed")
-            return self._blocked(_Refusal("internal_error",
-                                          f"The crash-recovery guard failed ({type(exc).__name__});"
-                                          " nothing was run."))
-        except BaseException:
-            self._release(owner)
-            raise
-        admission = Admission(operation_id, identity)
-        token = _ADMISSION.set(admission)
-        try:
+                journal, operation_id = self._admit(identity, call_fingerprint)
+            except _Refusal as refusal:
+                return self._blocked(refusal)
+            except Exception as exc:
+                logger.exception("crash-recovery: admission failed")
+                return self._blocked(_Refusal(
+                    "internal_error", f"The crash-recovery guard failed ({type(exc).__name__}); "
+                    "nothing was run."))
+            admission = Admission(operation_id, identity)
+            token = _ADMISSION.set(admission)
             return self._call_downstream(journal, operation_id, tool_name, next_call)
         finally:
-            admission.active = False
-            _ADMISSION.reset(token)
-            self._release(owner)
+            if admission is not None:
+                admission.active = False
+            if token is not None:
+                _ADMISSION.reset(token)
+            self._release()
 
-    def _release(self, owner: Optional[OwnerLock]) -> None:
+    def _admit(self, identity: tuple, call_fingerprint: str) -> tuple:
+        """Gate, owner lock, durable ``started``: ``(journal, operation_id)``.
+        Raises :class:`_Refusal`.  The caller's ``finally`` releases the owner
+        lock whatever happened (a no-op when this call never took it)."""
+        tool_name, session_id, tool_call_id, args_hash = identity
+        if self.poisoned:
+            raise _Refusal("guard_poisoned", self.poisoned)
         try:
-            if owner is not None:
-                owner.release()
+            journal, owner = self._open()
+        except JournalError as exc:  # e.g. the data directory cannot be resolved
+            raise self._refusal_from(exc, None) from None
+        operation_id = str(uuid.uuid4())
+        # Checked before the owner lock is touched (this also creates a fresh
+        # profile's data directory): a refusal changes no file (SPEC §10), and a
+        # killed worker's tag in owner.lock stays as the operator's evidence.
+        # admit() below re-checks under the writer lock.
+        self._check_gate(journal)
+        try:
+            if not owner.acquire(operation_id):
+                raise _Refusal(
+                    "operation_in_flight",
+                    f"Another process is running a protected call in this profile, so "
+                    f"{tool_name} was refused and not run. Do not retry automatically.")
+        except OSError as exc:
+            raise _Refusal("storage_unavailable",
+                           f"The owner lock in {journal.data_dir} cannot be used "
+                           f"({exc.strerror or exc}); nothing was run.") from None
+        try:
+            journal.admit(operation_id=operation_id, tool=tool_name, args_hash=args_hash,
+                          fingerprint=call_fingerprint, session_id=session_id,
+                          tool_call_id=tool_call_id)
+        except JournalError as exc:
+            raise self._refusal_from(exc, journal) from None
+        return journal, operation_id
+
+    def _release(self) -> None:
+        """Release the owner lock (a no-op when not held) and the in-flight lock.
+        Only one call at a time holds ``_in_flight``, so the owner lock, if
+        held, is that call's."""
+        try:
+            if self._owner is not None:
+                self._owner.release()
         finally:
             self._in_flight.release()
 

@@ -93,6 +93,9 @@ SQL_SELECT_TABLES = "SELECT name FROM sqlite_master WHERE type = 'table'"
 SQL_SELECT_EVENTS_AFTER = "SELECT seq, payload, previous, hash FROM events WHERE seq > ? ORDER BY seq"
 SQL_SELECT_HASH_AT = "SELECT hash FROM events WHERE seq = ?"
 SQL_SELECT_JOURNAL_ID = "SELECT value FROM metadata WHERE key = 'journal_id'"
+SQL_SELECT_EVENTS_BETWEEN = "SELECT seq, payload FROM events WHERE seq > ? AND seq <= ? ORDER BY seq"
+SQL_SELECT_OPERATION_EVENTS = ("SELECT seq, payload FROM events WHERE seq > ? AND seq <= ? "
+                               "AND instr(payload, ?) > 0 ORDER BY seq")
 SQL_INSERT_EVENT = "INSERT INTO events(seq, payload, previous, hash) VALUES (?, ?, ?, ?)"
 
 
@@ -125,6 +128,7 @@ class IntegrityError(JournalError):
     ``checkpoint_foreign``, ``checkpoint_ahead``, ``journal_rolled_back``,
     ``checkpoint_behind``, ``checkpoint_mismatch``, ``missing_database``,
     ``database_replaced``, ``database_corrupt``, ``checkpoint_not_ancestor``,
+    ``wal_missing`` (the ``-wal`` vanished under a live connection),
     ``stray_wal`` (a non-empty ``-wal`` beside a database file it does not
     belong to: empty, not SQLite, or another journal's).
     """
@@ -596,6 +600,15 @@ def _translate_sqlite_error(exc: sqlite3.Error, action: str) -> JournalError:
     return JournalUnavailable("database_error", f"{action}: {type(exc).__name__}: {text}")
 
 
+def _file_state(path: str) -> Optional[tuple]:
+    """``(device, inode, size, mtime_ns, ctime_ns)`` of a file, None when absent."""
+    try:
+        found = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (found.st_dev, found.st_ino, found.st_size, found.st_mtime_ns, found.st_ctime_ns)
+
+
 def _file_size(path: str) -> int:
     """Size in bytes, or -1 when the file does not exist or cannot be read."""
     try:
@@ -605,8 +618,8 @@ def _file_size(path: str) -> int:
 
 
 def _storage_error(exc: OSError, action: str) -> JournalUnavailable:
-    return JournalUnavailable("storage_unavailable",
-                              f"{action}: {exc.strerror or exc} ({exc.filename or ''})".rstrip(" ()"))
+    where = f" ({exc.filename})" if exc.filename else ""
+    return JournalUnavailable("storage_unavailable", f"{action}: {exc.strerror or exc}{where}")
 
 
 # ------------------------------------------------------------------ journal --
@@ -644,6 +657,9 @@ class Journal:
         self._lock = threading.RLock()
         self._connection: Optional[sqlite3.Connection] = None
         self._file_identity: Optional[tuple] = None
+        # (database, WAL) file states after this journal's last transaction; see
+        # _refresh_if_touched.
+        self._files_seen: Optional[tuple] = None
         self._chain: Optional[_Chain] = None
         self._data_version: Optional[int] = None
         self._appending = False  # an append began in the current transaction
@@ -780,20 +796,38 @@ class Journal:
                 self._write_checkpoint(after, announce="")
                 return before, after
 
-    def events(self, since: int = 0) -> list:
-        """Verify the whole journal, then return ``(seq, payload dict)`` for every
-        event with seq > ``since``."""
+    def history(self, since: int = 0, operation_id: Optional[str] = None) -> tuple:
+        """One full verification, then the verified events, read lazily:
+        ``(JournalStatus, iterator of (seq, payload dict))`` for ``since`` < seq
+        <= the verified head, only those of ``operation_id`` when given.  A long
+        history is streamed, never held in memory; consume the iterator before
+        closing the journal (single-threaded use, as in the operator CLI)."""
         since = max(0, min(int(since), SQLITE_MAX_INTEGER))  # SQLite integers are 64-bit
         with self._lock:
             self._chain = None
-            with self._verified():
-                try:
-                    rows = self._connection.execute(
-                        "SELECT seq, payload FROM events WHERE seq > ? ORDER BY seq",
-                        (since,)).fetchall()
-                except sqlite3.Error as exc:
-                    raise _translate_sqlite_error(exc, "reading events") from None
-        return [(seq, json.loads(payload)) for seq, payload in rows]
+            with self._verified() as chain:
+                status = self._status_of(chain)
+        return status, self._verified_rows(since, status.checkpoint["count"], operation_id)
+
+    def _verified_rows(self, since: int, until: int,
+                       operation_id: Optional[str]) -> Iterator[tuple]:
+        if operation_id is None:
+            query, parameters = SQL_SELECT_EVENTS_BETWEEN, (since, until)
+        else:  # instr() keeps other operations' payloads out of Python entirely
+            query, parameters = SQL_SELECT_OPERATION_EVENTS, (since, until, operation_id)
+        try:
+            for seq, payload_text in self._connection.execute(query, parameters):
+                payload = json.loads(payload_text)
+                if operation_id is None or payload.get("operation_id") == operation_id:
+                    yield seq, payload
+        except sqlite3.Error as exc:
+            raise _translate_sqlite_error(exc, "reading events") from None
+
+    def events(self, since: int = 0) -> list:
+        """Verify the whole journal, then return ``(seq, payload dict)`` for every
+        event with seq > ``since`` (a list; see :meth:`history` to stream)."""
+        with self._lock:
+            return list(self.history(since)[1])
 
     def close(self) -> None:
         """Close the connection (idempotent)."""
@@ -971,6 +1005,45 @@ class Journal:
                 f"{WAL_SUFFIX} file shows journal {_short(str(found[1]))}: the database was "
                 "replaced beside a stray WAL; nothing was written", survivors=self._survivors())
 
+    def _remember_files(self) -> None:
+        """Record the files as this journal's own transaction left them."""
+        self._files_seen = (_file_state(self.database_path),
+                            _file_state(self.database_path + WAL_SUFFIX))
+
+    def _refresh_if_touched(self, connection: sqlite3.Connection) -> sqlite3.Connection:
+        """The files changed since this journal's last transaction: drop every
+        cached page and the cached chain, which forces a full verification from
+        what is on disk.
+
+        ``PRAGMA data_version`` only sees commits made through SQLite; a raw edit
+        of the file, or an older copy restored in place, hides behind this
+        connection's cached pages -- and a later commit would write them back.
+        Another worker's commit or checkpoint also lands here (a legitimate
+        change, verified again at the cost of a full pass).  A WAL that vanished
+        or was swapped while this connection is open is refused (``wal_missing``):
+        SQLite deletes it only when the last connection closes, so someone removed
+        it, and new commits would go to a file nobody can read back.
+        """
+        if self._files_seen is None:
+            return connection
+        database_state, wal_state = self._files_seen
+        wal_now = _file_state(self.database_path + WAL_SUFFIX)
+        if wal_state is not None and (wal_now is None or wal_now[:2] != wal_state[:2]):
+            raise IntegrityError(
+                "wal_missing",
+                f"{DATABASE_NAME}{WAL_SUFFIX} was deleted or replaced while this worker had the "
+                "journal open; events it committed may exist only in the lost file")
+        if (_file_state(self.database_path), wal_now) == self._files_seen:
+            return connection
+        # Empty the page cache without closing: a close could checkpoint the WAL
+        # into the main file, and a refusal must change no file.
+        try:
+            connection.execute("PRAGMA shrink_memory")
+        except sqlite3.Error as exc:
+            raise _translate_sqlite_error(exc, "dropping cached pages") from None
+        self._chain = None
+        return connection
+
     def _check_file_identity(self) -> None:
         """Detect a database deleted or replaced under a live connection."""
         try:
@@ -985,6 +1058,7 @@ class Journal:
                                  f"{DATABASE_NAME} was replaced by another file while in use")
 
     def _drop_connection(self) -> None:
+        self._files_seen = None
         if self._connection is not None:
             with contextlib.suppress(sqlite3.Error):
                 self._connection.close()
@@ -1008,7 +1082,7 @@ class Journal:
                 chain = self._verify_readonly()
                 yield chain
                 return
-            connection = self._connect()
+            connection = self._refresh_if_touched(self._connect())
             try:
                 connection.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
@@ -1025,6 +1099,7 @@ class Journal:
                 with contextlib.suppress(sqlite3.Error):
                     connection.execute("ROLLBACK")
                 self._restore_checkpoint()
+                self._remember_files()
                 raise
             if connection.in_transaction:
                 try:
@@ -1038,6 +1113,7 @@ class Journal:
                 if kind:
                     reach_boundary("committed", kind)
                 self._chain = self._chain if check_checkpoint else None
+            self._remember_files()
 
     def _verify_locked(self, connection: sqlite3.Connection, check_checkpoint: bool = True) -> _Chain:
         """Verification under the writer lock (SPEC §7 step 1).  Without
@@ -1154,8 +1230,8 @@ class Journal:
     def _complete_initialization(self, chain: _Chain) -> None:
         """An empty journal whose creation was interrupted (or is new) gets its
         checkpoint and marker.  Only at count 0: no event can be lost."""
-        if self.readonly:
-            return
+        if not self.create:
+            return  # the operator CLI never writes files a failed command would leave
         if not os.path.lexists(self.checkpoint_path):
             self._write_checkpoint(chain.checkpoint(), announce=BOUNDARY_KIND_GENESIS)
         if not os.path.lexists(self.marker_path):
@@ -1166,10 +1242,11 @@ class Journal:
     # --------------------------------------------------------- checks --
 
     def _creation_interrupted(self, chain: _Chain) -> bool:
-        """Read-only view of an empty journal whose creator died before writing
-        head.json or the marker: not corrupt (SPEC §7) -- with no event there is
-        nothing to lose, and the next writer completes it."""
-        return self.readonly and chain.count == 0
+        """An empty journal whose creator died before writing head.json or the
+        marker, seen by a journal that must not create files (read-only, or the
+        operator's ``create=False``): not corrupt (SPEC §7) -- with no event there
+        is nothing to lose, and the next creating writer completes it."""
+        return not self.create and chain.count == 0
 
     def _check_marker_identity(self, journal_id: str) -> None:
         """Before the chain is read: a marker naming another journal means the

@@ -247,11 +247,6 @@ def _lost_event(unresolved: tuple) -> str:
             "an operator resolves it")
 
 
-def _history(events: list, operation_id: str) -> list:
-    return [dict(payload, seq=seq) for seq, payload in events
-            if payload.get("operation_id") == operation_id]
-
-
 # ----------------------------------------------------------------- commands --
 
 def command_status(args: argparse.Namespace, data_dir: str) -> dict:
@@ -272,9 +267,8 @@ def command_show(args: argparse.Namespace, data_dir: str) -> dict:
     """``show OP``: one operation's state and its whole verified history."""
     operation_id = _operation_id(args.operation_id)
     with Journal(data_dir, readonly=True) as journal:
-        events = journal.events()
-        status = journal.status()
-    history = _history(events, operation_id)
+        status, events = journal.history(operation_id=operation_id)
+        history = [dict(payload, seq=seq) for seq, payload in events]
     if not history:
         raise CommandError("unknown_operation", f"no operation {operation_id} in this journal")
     open_operation = next((operation for operation in status.unresolved
@@ -299,12 +293,18 @@ def command_show(args: argparse.Namespace, data_dir: str) -> dict:
 
 
 def command_log(args: argparse.Namespace, data_dir: str) -> dict:
-    """``log [--since SEQ]``: a verified export of events with seq > SINCE."""
-    with Journal(data_dir, readonly=True) as journal:
-        events = journal.events(since=max(0, args.since))
-        checkpoint = journal.checkpoint()
-    return {"ok": True, "integrity": "ok", "data_dir": data_dir, "checkpoint": checkpoint,
-            "events": [dict(payload, seq=seq) for seq, payload in events]}
+    """``log [--since SEQ] [--jsonl]``: a verified export of events with seq >
+    SINCE.  With ``--jsonl`` the events stay a lazy iterator that :func:`main`
+    prints line by line (the journal stays open until then), so a long journal
+    is streamed rather than held in memory."""
+    journal = Journal(data_dir, readonly=True)
+    status, events = journal.history(since=args.since)
+    exported = (dict(payload, seq=seq) for seq, payload in events)
+    if not args.jsonl:
+        exported = list(exported)
+        journal.close()
+    return {"ok": True, "integrity": "ok", "data_dir": data_dir, "checkpoint": status.checkpoint,
+            "events": exported}
 
 
 def command_verify(args: argparse.Namespace, data_dir: str) -> dict:
@@ -381,8 +381,22 @@ COMMANDS = {"status": command_status, "show": command_show, "log": command_log,
 # ------------------------------------------------------------------- output --
 
 # Characters that would break a table row: newlines, tabs and other controls.
+# C1 controls (U+0080-U+009F: 8-bit CSI and friends) and bidi overrides reach a
+# terminal raw even through json.dumps(ensure_ascii=False); tool names and ids
+# come from the model, so they are escaped in every output.
+_TERMINAL_UNSAFE = (*range(0x80, 0xa0), 0x200e, 0x200f, *range(0x202a, 0x202f),
+                    *range(0x2066, 0x206a))
+_JSON_ESCAPES = {code: f"\\u{code:04x}" for code in _TERMINAL_UNSAFE}
 _CONTROL_ESCAPES = {code: f"\\x{code:02x}" for code in (*range(0x20), 0x7f)}
 _CONTROL_ESCAPES.update({ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"})
+_CONTROL_ESCAPES.update(_JSON_ESCAPES)
+
+
+def _json_text(document: Any, indent: Optional[int]) -> str:
+    """JSON for a terminal: readable non-ASCII text, terminal controls as
+    ``\\uXXXX`` escapes (valid JSON: they can only occur inside strings)."""
+    return json.dumps(document, ensure_ascii=False, sort_keys=True,
+                      indent=indent).translate(_JSON_ESCAPES)
 
 
 def _cell(value: Any) -> str:
@@ -433,7 +447,7 @@ def render_text(command: str, result: dict) -> str:
     if not result.get("ok", True):
         return _error_text(result)
     if command not in ("status", "show", "log"):
-        return json.dumps(result, indent=2, ensure_ascii=False, sort_keys=True)
+        return _json_text(result, 2)
     data_dir = result.get("data_dir") or ""
     checkpoint = result.get("checkpoint") or {}
     header = (f"integrity: {result.get('integrity')}   data dir: {data_dir}\n"
@@ -506,12 +520,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         result["error"]["hint"] = ERROR_HINTS[result["error"]["code"]]
     if command == "log" and exit_code == 0 and getattr(args, "jsonl", False):
         for event in result["events"]:
-            print(json.dumps(event, ensure_ascii=False, sort_keys=True))
+            print(_json_text(event, None))
         return 0
     if output_format == "text":
         print(render_text(command or "", result))
     else:
-        print(json.dumps(result, ensure_ascii=False, sort_keys=True, indent=1))
+        print(_json_text(result, 1))
     return exit_code
 
 

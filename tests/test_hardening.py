@@ -298,3 +298,122 @@ class VerifyToolReadsTheFiles(HardeningCase):
         report = guard.verify_report()
         self.assertEqual((report["ok"], report["integrity"]), (False, "hash_mismatch"))
         guard.close()
+
+
+class EditsBehindTheWorkersBack(HardeningCase):
+    """Raw file edits that SQLite's data_version cannot see (second review)."""
+
+    def edit_session_in_file(self, guard):
+        import sqlite3
+        # Move every page into the main file, as SQLite's autocheckpoint does.
+        connection = sqlite3.connect(os.path.join(self.data_dir, "journal.sqlite3"))
+        connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        connection.close()
+        guard.pre_tool_call(tool_name="send_payment", args={"to": "bob"},
+                            session_id="session-1", tool_call_id="warm")  # cache the pages
+        path = os.path.join(self.data_dir, "journal.sqlite3")
+        with open(path, "rb") as stream:
+            content = stream.read()
+        at = content.find(b"session-1")
+        self.assertGreater(at, 0)
+        # A separate process does the raw edit: this process must keep its locks.
+        subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+            with open({path!r}, "r+b") as stream:
+                stream.seek({at})
+                stream.write(b"session-X")
+        """)], check=True, timeout=60)
+
+    def test_live_worker_refuses_after_a_raw_edit(self):
+        for full in (False, True):
+            with self.subTest(full_verification=full):
+                self.setUp()
+                guard = RecoveryGuard(self.data_dir, full_verification=full)
+                self.call(guard, Downstream(), "call-0")
+                self.edit_session_in_file(guard)
+                downstream = Downstream()
+                self.assertEqual(self.blocked_code(self.call(guard, downstream, "call-1")),
+                                 "hash_mismatch")
+                self.assertEqual(downstream.calls, 0)
+                guard.close()
+                code, result, _ = run_cli(self.data_dir, "verify")
+                self.assertEqual((code, result["integrity"]), (1, "hash_mismatch"))
+
+    def test_deleted_wal_under_a_live_worker_refuses(self):
+        guard = RecoveryGuard(self.data_dir)
+        self.call(guard, Downstream(), "call-0")
+        for suffix in ("-wal", "-shm"):
+            os.unlink(os.path.join(self.data_dir, "journal.sqlite3" + suffix))
+        downstream = Downstream()
+        self.assertEqual(self.blocked_code(self.call(guard, downstream, "call-1")), "wal_missing")
+        self.assertEqual(downstream.calls, 0)
+
+
+class InterruptAfterAdmission(HardeningCase):
+
+    def test_interrupt_before_the_binding_releases_everything(self):
+        from unittest import mock
+        import guard as guard_module
+        from owner import probe_owner
+        guard = RecoveryGuard(self.data_dir)
+        downstream = Downstream()
+        with mock.patch.object(guard_module, "Admission", side_effect=KeyboardInterrupt):
+            with self.assertRaises(KeyboardInterrupt):
+                self.call(guard, downstream)
+        self.assertEqual(downstream.calls, 0)
+        [operation] = guard._journal.unresolved()
+        self.assertEqual(operation.state, "pending")
+        self.assertEqual(probe_owner(self.data_dir, operation.operation_id)["owner"], "gone")
+        # Neither the in-process lock nor a binding leaked: the retry meets the gate.
+        self.assertEqual(self.blocked_code(self.call(guard, downstream)), "unresolved_operations")
+        self.assertEqual(downstream.calls, 0)
+        guard.close()
+        self.assertVerifies()
+
+
+class FailedOperatorCommandsWriteNothing(HardeningCase):
+
+    def test_half_created_journal_stays_as_it_is(self):
+        import sqlite3
+        import uuid
+        os.makedirs(self.data_dir)
+        connection = sqlite3.connect(os.path.join(self.data_dir, "journal.sqlite3"))
+        connection.execute("PRAGMA journal_mode=WAL")
+        connection.execute("CREATE TABLE metadata(key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        connection.execute("CREATE TABLE events(seq INTEGER PRIMARY KEY, payload TEXT NOT NULL, "
+                           "previous TEXT NOT NULL, hash TEXT NOT NULL)")
+        connection.execute("INSERT INTO metadata VALUES ('journal_id', ?)", (str(uuid.uuid4()),))
+        connection.execute("INSERT INTO metadata VALUES ('schema', 'hermes.crash-recovery.v1')")
+        connection.commit()
+        connection.close()
+        for words, code in ((["resolve", str(uuid.uuid4()), "--outcome", "completed",
+                              "--evidence", "x"], "unknown_operation"),
+                            (["repair-checkpoint", "--evidence", "x"], "repair_not_applicable")):
+            with self.subTest(words[0]):
+                exit_code, result, _ = run_cli(self.data_dir, *words)
+                self.assertEqual((exit_code, result["error"]["code"]), (1, code))
+                self.assertEqual([name for name in os.listdir(self.data_dir)
+                                  if not name.endswith(("-wal", "-shm"))], ["journal.sqlite3"])
+
+
+class TrailingTextAndTerminalControls(HardeningCase):
+
+    def test_an_object_followed_by_more_text_is_an_error(self):
+        for text in ('{"status": "failed"}\n{"status": "retrying"}', '{"error": "x"}\x00',
+                     '{"error": "timeout"} (request id 7f3a)', '{"ok": true} trailing'):
+            with self.subTest(text=text):
+                self.assertTrue(is_error_response(text))
+        self.assertFalse(is_error_response('{"ok": true}  \n'))
+
+    def test_c1_and_bidi_controls_never_reach_the_terminal(self):
+        guard = RecoveryGuard(self.data_dir)
+        hostile = "call_1\u009b2J\u202eOWNER GONE"
+        guard.tool_execution(tool_name="send_payment", args={}, next_call=lambda: '{"error": 1}',
+                             session_id="s", tool_call_id=hostile)
+        guard.close()
+        for words in (["status"], ["status", "--format", "text"], ["log", "--jsonl"]):
+            with self.subTest(words):
+                _, _, output = run_cli(self.data_dir, *words)
+                self.assertNotIn("\u009b", output)
+                self.assertNotIn("\u202e", output)
+        _, result, _ = run_cli(self.data_dir, "status")
+        self.assertEqual(result["unresolved"][0]["tool_call_id"], hostile)  # still exact JSON
