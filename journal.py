@@ -660,6 +660,10 @@ class Journal:
         # (database, WAL) file states after this journal's last transaction; see
         # _refresh_if_touched.
         self._files_seen: Optional[tuple] = None
+        # path -> (file state, exact content) of the marker/head.json as last
+        # read and found correct; see _unchanged_since_seen.
+        self._files_read: dict = {}
+        self._expected_checkpoint: tuple = (None, b"")
         self._chain: Optional[_Chain] = None
         self._data_version: Optional[int] = None
         self._appending = False  # an append began in the current transaction
@@ -1059,6 +1063,7 @@ class Journal:
 
     def _drop_connection(self) -> None:
         self._files_seen = None
+        self._files_read = {}
         if self._connection is not None:
             with contextlib.suppress(sqlite3.Error):
                 self._connection.close()
@@ -1125,7 +1130,10 @@ class Journal:
                 chain = self._read_genesis(connection, initialize=True)
                 if chain is None:
                     chain = self._initialize(connection)
-            _extend_chain(chain, connection.execute(SQL_SELECT_EVENTS_AFTER, (chain.count,)))
+                _extend_chain(chain, connection.execute(SQL_SELECT_EVENTS_AFTER, (chain.count,)))
+            # else: no other connection committed (data_version) and the files
+            # are as this journal left them (_refresh_if_touched), so no row can
+            # have appeared or changed since the cached chain was verified.
         except sqlite3.Error as exc:
             self._chain = None
             raise _translate_sqlite_error(exc, "verifying the journal") from None
@@ -1261,8 +1269,20 @@ class Journal:
                                  f"{MARKER_NAME} names journal {decoded['journal_id']} but the "
                                  f"database metadata names {journal_id}")
 
+    def _unchanged_since_seen(self, path: str, expected: bytes) -> tuple:
+        """``(unchanged, state)``: ``unchanged`` when ``path`` still has the file
+        state it had when it was last read holding exactly ``expected`` -- then
+        it cannot hold anything else (any write changes size, mtime or ctime; a
+        replace changes the inode).  ``state`` is taken *before* a caller reads,
+        so a change during the read is seen next time."""
+        state = _file_state(path)
+        return state is not None and self._files_read.get(path) == (state, expected), state
+
     def _check_marker(self, chain: _Chain) -> None:
         expected = marker_text(chain.journal_id, chain.schema).encode("utf-8")
+        unchanged, state = self._unchanged_since_seen(self.marker_path, expected)
+        if unchanged:
+            return
         try:
             found = read_regular_file(self.marker_path)
         except FileNotFoundError:
@@ -1274,6 +1294,7 @@ class Journal:
         except OSError as exc:
             raise _storage_error(exc, f"reading {MARKER_NAME}") from None
         if found == expected:
+            self._files_read[self.marker_path] = (state, expected)
             return
         try:
             decoded = json.loads(found)
@@ -1287,6 +1308,14 @@ class Journal:
 
     def _check_checkpoint(self, chain: _Chain) -> None:
         """``head.json`` must equal the journal summary exactly (SPEC §7)."""
+        expected = chain.checkpoint()
+        key = (chain.journal_id, chain.count, chain.head)
+        if self._expected_checkpoint[0] != key:  # encode once per chain state
+            self._expected_checkpoint = (key, canonical_text(expected).encode("utf-8"))
+        expected_bytes = self._expected_checkpoint[1]
+        unchanged, state = self._unchanged_since_seen(self.checkpoint_path, expected_bytes)
+        if unchanged:
+            return
         try:
             found = read_regular_file(self.checkpoint_path)
         except FileNotFoundError:
@@ -1295,8 +1324,8 @@ class Journal:
             raise IntegrityError("checkpoint_missing", f"{CHECKPOINT_NAME} is missing") from None
         except OSError as exc:
             raise _storage_error(exc, f"reading {CHECKPOINT_NAME}") from None
-        expected = chain.checkpoint()
-        if found == canonical_text(expected).encode("utf-8"):
+        if found == expected_bytes:
+            self._files_read[self.checkpoint_path] = (state, expected_bytes)
             return
         if len(found) > OWN_FILE_READ_LIMIT:
             raise IntegrityError("checkpoint_corrupt",
