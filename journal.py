@@ -15,7 +15,7 @@ Append protocol (SPEC §7), all under one ``BEGIN IMMEDIATE`` writer lock::
 What a crash at each point leaves behind:
 
 * before step 3's ``os.replace``: the INSERT is rolled back by SQLite and the old
-  ``head.json`` still matches; a stale ``head.json.tmp`` is overwritten next time.
+  ``head.json`` still matches; a stale ``head.json.tmp`` is removed next time.
   The event never happened (for ``started``: downstream never ran).
 * between ``os.replace`` and COMMIT: ``head.json`` is one event ahead of the
   database.  Verification reports ``checkpoint_ahead`` and every protected call
@@ -23,11 +23,15 @@ What a crash at each point leaves behind:
   is the operator's explicit, logged action).
 * after COMMIT: the event is durable.
 
-Verification cost: the first verification in a process reads the whole history;
-later ones in the same ``Journal`` read only rows appended since, unless
-``PRAGMA data_version`` shows that another connection committed, the database
-file was replaced, or ``full_verification=True`` -- then the whole history is
-verified again.  The marker and ``head.json`` are re-read on every verification.
+Verification cost: the first verification in a process reads the whole history.
+Later ones in the same ``Journal`` trust the verified chain they cached, unless
+``PRAGMA data_version`` shows that another connection committed, the database or
+WAL file changed in any way since this journal's last transaction (a raw edit
+SQLite cannot see; the page cache is dropped too), or ``full_verification=True``
+-- then the whole history is verified again.  The marker and ``head.json`` are
+checked on every verification (re-read whenever their file state changed).
+An append also refuses when the WAL vanished under the open connection
+(``wal_missing``).
 
 Errors: every failure is a :class:`JournalError` with a short machine-readable
 ``code``; integrity failures are :class:`IntegrityError`.  ``sqlite3.Error``
