@@ -340,6 +340,7 @@ class Environments(ReliabilityCase):
         finally:
             holder.stdin.close()
             holder.wait(10)
+            holder.stdout.close()
         self.assertEqual(logical_snapshot(self), before)
         self.assertVerifies()
 
