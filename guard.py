@@ -130,14 +130,6 @@ class RecoveryGuard:
 
     # ------------------------------------------------------------ settings --
 
-    @property
-    def data_dir(self) -> Optional[str]:
-        """The resolved data directory, or None when it cannot be resolved."""
-        try:
-            return self._open()[0].data_dir
-        except JournalError:
-            return None
-
     def exempt_tools(self) -> frozenset:
         """Tool names never journaled: the read-only list plus the inspection tools."""
         if self._exempt is None:

@@ -614,11 +614,12 @@ def _file_state(path: str) -> Optional[tuple]:
 
 
 def _file_size(path: str) -> int:
-    """Size in bytes, or -1 when the file does not exist or cannot be read."""
+    """Size in bytes, or -1 when the file does not exist or cannot be stat'ed."""
     try:
-        return os.stat(path).st_size
+        state = _file_state(path)
     except OSError:
         return -1
+    return -1 if state is None else state[2]
 
 
 def _storage_error(exc: OSError, action: str) -> JournalUnavailable:
@@ -1158,9 +1159,10 @@ class Journal:
         return chain
 
     def _verify_readonly(self) -> _Chain:
-        """Full verification from a read-only connection.  A writer may be
-        between ``os.replace`` and COMMIT, so a checkpoint exactly one ahead is
-        re-read a few times before it is reported."""
+        """Full verification from a read-only connection.  Live writers replace
+        head.json before they COMMIT and may append while this runs, so a
+        checkpoint ahead of the verified snapshot is re-read (catching up with
+        the rows committed meanwhile) a few times before it is reported."""
         connection = self._connect()
         try:
             connection.execute("BEGIN")

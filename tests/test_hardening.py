@@ -417,3 +417,24 @@ class TrailingTextAndTerminalControls(HardeningCase):
                 self.assertNotIn("\u202e", output)
         _, result, _ = run_cli(self.data_dir, "status")
         self.assertEqual(result["unresolved"][0]["tool_call_id"], hostile)  # still exact JSON
+
+
+class PlantedOperatorLog(HardeningCase):
+
+    def test_symlinked_operator_log_is_reported_not_followed(self):
+        guard = RecoveryGuard(self.data_dir)
+        guard.tool_execution(tool_name="send_payment", args={}, next_call=lambda: '{"error": 1}',
+                             session_id="s", tool_call_id="c")
+        operation = guard._journal.unresolved()[0].operation_id
+        guard.close()
+        target = os.path.join(self.root, "elsewhere.txt")
+        with open(target, "w") as stream:
+            stream.write("unrelated\n")
+        os.symlink(target, os.path.join(self.data_dir, "operator.log"))
+        code, result, _ = run_cli(self.data_dir, "resolve", operation, "--outcome", "not_applied",
+                                  "--evidence", "no charge in the ledger")
+        self.assertEqual((code, result["resolved"]), (0, operation))  # the journal is the record
+        self.assertIn("operator.log not written", result["operator_log_error"])
+        with open(target) as stream:
+            self.assertEqual(stream.read(), "unrelated\n")
+        self.assertVerifies()
