@@ -1,7 +1,7 @@
 """crash-recovery: a Hermes Agent plugin that journals protected tool calls before
 they run and refuses further ones while an earlier outcome is unknown.
 
-``register(ctx)`` (SPEC §9) only calls ``ctx.register_*`` (and reads nothing from
+``register(ctx)`` (docs/guard.md §Inside Hermes) only calls ``ctx.register_*`` (and reads nothing from
 disk): the data directory, the settings and the journal are resolved at the
 first tool call, so registration works against Hermes' validation stub and
 never touches the profile.
@@ -11,10 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-try:  # imported by Hermes as a package (hermes_plugins.crash_recovery or crash_recovery)
-    from .guard import RecoveryGuard
-except ImportError:  # imported as a top-level module from a checkout
-    from guard import RecoveryGuard  # type: ignore[no-redef]
+from .guard import RecoveryGuard
 
 PLUGIN_NAME = "crash-recovery"
 SETTINGS_KEY = "read_only_tools"
@@ -42,7 +39,7 @@ VERIFY_SCHEMA = {
 
 
 def resolve_data_dir() -> Path:
-    """The profile's data directory (SPEC §9): the host's
+    """The profile's data directory (docs/guard.md §Inside Hermes): the host's
     ``plugins.plugin_storage.plugin_data_dir`` where it exists (Hermes >= 0.20),
     else ``<HERMES_HOME>/plugin-data/crash-recovery`` from ``get_hermes_home()``.
     Raises ``ImportError`` outside Hermes."""
@@ -55,7 +52,7 @@ def resolve_data_dir() -> Path:
 
 
 def settings_reader(ctx: Any) -> Callable[[], Any]:
-    """A zero-argument reader of ``read_only_tools`` (SPEC §8, §9): through
+    """A zero-argument reader of ``read_only_tools`` (docs/guard.md §Settings, §Inside Hermes): through
     ``ctx.get_config`` where the host has it, else from the profile's
     ``config.yaml`` via the host's raw config loader.  None means "not set"."""
     get_config: Optional[Callable] = getattr(ctx, "get_config", None)
@@ -77,7 +74,7 @@ def settings_reader(ctx: Any) -> Callable[[], Any]:
 
 def register(ctx: Any) -> None:
     """Hermes entry point: the ``tool_execution`` middleware, the
-    ``pre_tool_call`` hook and the two read-only inspection tools (SPEC §9, §10)."""
+    ``pre_tool_call`` hook and the two read-only inspection tools (docs/guard.md §Inside Hermes, §Inspection tools)."""
     guard = RecoveryGuard(resolve_data_dir, read_only_tools=settings_reader(ctx))
     ctx.register_middleware("tool_execution", guard.tool_execution)
     ctx.register_hook("pre_tool_call", guard.pre_tool_call)

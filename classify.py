@@ -1,4 +1,4 @@
-"""Is a tool response an error response?  SPEC §12, nothing else.
+"""Is a tool response an error response?  docs/guard.md §Error classification, nothing else.
 
 A dict -- or text that decodes to a JSON object -- is an error response when it
 has a truthy ``error``; ``isError`` true; ``success`` false; ``ok`` false;
@@ -25,7 +25,7 @@ conservative answer (error, so the operation becomes ``uncertain``) wins:
   object and goes on (JSON Lines, a trailing NUL, ``{"error": "x"} (request 7)``):
   ambiguous.  Other syntax errors mean plain text (normal).
 * An object whose own methods raise while it is inspected is an error.
-* Arrays, numbers, null and non-JSON text are normal responses (SPEC: "anything
+* Arrays, numbers, null and non-JSON text are normal responses ("anything
   else"), as are objects whose error sits only in a nested field.
 """
 from __future__ import annotations
@@ -45,7 +45,7 @@ _TRUE_TEXT = frozenset({"true", "1", "yes"})
 
 
 def is_error_response(response: Any) -> bool:
-    """True if ``response`` (any Python value) is an error response (SPEC §12).
+    """True if ``response`` (any Python value) is an error response (docs/guard.md §Error classification).
 
     Never raises for any input shape.
     """

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The stand-alone crash scenario (SPEC §14); no Hermes needed.
+"""The stand-alone crash scenario (README §Try it); no Hermes needed.
 
     python demo.py [--directory NEW_DIR]
 
@@ -78,7 +78,8 @@ def run_worker(role: str, directory: str) -> int:
     """One agent process: call a protected tool through the guard, print the
     tool result as JSON on stdout."""
     sys.path.insert(0, HERE)
-    from guard import RecoveryGuard
+    from standalone import load_module
+    RecoveryGuard = load_module("guard").RecoveryGuard
 
     service = BookingService(os.path.join(directory, "service.sqlite3"))
     guard = RecoveryGuard(os.path.join(directory, "profile", "plugin-data", "crash-recovery"))

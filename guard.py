@@ -1,4 +1,4 @@
-"""RecoveryGuard: the execution contract of SPEC §3 inside Hermes (SPEC §8-§10).
+"""RecoveryGuard: the execution contract of docs/guard.md §Execution contract, inside Hermes.
 
 One protected call, as the ``tool_execution`` middleware sees it::
 
@@ -31,34 +31,28 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional, Union
 
-try:  # package (inside Hermes, pip install) or top-level (scripts, tests)
-    from . import report
-    from .classify import is_error_response
-    from .journal import (DEFAULT_BUSY_TIMEOUT_SECONDS, EncodingError, Journal, JournalError,
-                          JournalUnavailable, AdmissionRefused, fingerprint, reach_boundary,
-                          value_hash)
-    from .owner import OwnerLock
-except ImportError:
-    import report  # type: ignore[no-redef]
-    from classify import is_error_response  # type: ignore[no-redef]
-    from journal import (DEFAULT_BUSY_TIMEOUT_SECONDS, EncodingError, Journal,  # type: ignore[no-redef]
-                         JournalError, JournalUnavailable, AdmissionRefused, fingerprint,
-                         reach_boundary, value_hash)
-    from owner import OwnerLock  # type: ignore[no-redef]
+from . import report
+from .classify import is_error_response
+from .database import DEFAULT_BUSY_TIMEOUT_SECONDS
+from .durable import reach_boundary
+from .errors import AdmissionRefused, EncodingError, JournalError, JournalUnavailable
+from .journal import Journal
+from .owner import OwnerLock
+from .record import fingerprint, value_hash
 
 logger = logging.getLogger(__name__)
 
-# SPEC §8: exempt by default; a configured list replaces this pair.
+# docs/guard.md §Settings: exempt by default; a configured list replaces this pair.
 DEFAULT_READ_ONLY_TOOLS = ("read_file", "search_files")
-# SPEC §8: always exempt, whatever the configuration says.
+# docs/guard.md §Settings: always exempt, whatever the configuration says.
 INSPECTION_TOOLS = ("crash_recovery_status", "crash_recovery_verify")
-# result_hash when there is no response (exception, cancellation), SPEC §5.
+# result_hash when there is no response (exception, cancellation), docs/format.md §Events.
 NO_RESPONSE_HASH = value_hash(None)
 
 
 @dataclass
 class Admission:
-    """The binding of SPEC §9: the admitted operation and the call's identity
+    """The binding of docs/guard.md §Inside Hermes: the admitted operation and the call's identity
     tuple ``(tool_name, session_id, tool_call_id, argument_digest)``.
 
     ``active`` turns False when the call ends.  A context copied during the call
@@ -97,7 +91,7 @@ ToolListSource = Union[Iterable[str], Callable[[], Any], None]
 
 
 class RecoveryGuard:
-    """Admission, one downstream call, classification, uncertainty (SPEC §3, §9).
+    """Admission, one downstream call, classification, uncertainty (docs/guard.md §Execution contract, §Inside Hermes).
 
     ``data_dir``: a path, or a zero-argument callable returning one, resolved at
     first use (registration must not touch the disk).
@@ -119,7 +113,7 @@ class RecoveryGuard:
         self._busy_timeout = busy_timeout
         self._full_verification = full_verification
         self._setup_lock = threading.Lock()
-        # One protected call at a time in this process (SPEC §8); the owner lock
+        # One protected call at a time in this process (docs/guard.md §Settings); the owner lock
         # and the journal's pending state extend that to the whole profile.
         self._in_flight = threading.Lock()
         self._journal: Optional[Journal] = None
@@ -222,7 +216,7 @@ class RecoveryGuard:
     def _check_gate(self, journal: Journal, identity: Optional[tuple] = None) -> None:
         """Verify the journal; raise :class:`_Refusal` if it fails or any
         operation is open.  With ``identity``, the operation this context has
-        admitted for exactly that call is not counted (SPEC §9 binding)."""
+        admitted for exactly that call is not counted (docs/guard.md §Inside Hermes, admission binding)."""
         try:
             open_operations = journal.unresolved()
         except JournalError as exc:
@@ -246,7 +240,7 @@ class RecoveryGuard:
 
     def pre_tool_call(self, tool_name: Any = None, args: Any = None, session_id: Any = None,
                       tool_call_id: Any = None, **kwargs: Any) -> Optional[dict]:
-        """``pre_tool_call`` hook (SPEC §9): None to allow, or
+        """``pre_tool_call`` hook (docs/guard.md §Inside Hermes): None to allow, or
         ``{"action": "block", "message": <blocked JSON>}``.  Read-only; never raises
         ``Exception`` (Hermes 0.19 runs the tool when a hook raises)."""
         try:
@@ -273,7 +267,7 @@ class RecoveryGuard:
 
     def tool_execution(self, tool_name: Any = None, args: Any = None, next_call: Any = None,
                        session_id: Any = None, tool_call_id: Any = None, **kwargs: Any) -> Any:
-        """``tool_execution`` middleware (SPEC §3, §9).  Returns downstream's
+        """``tool_execution`` middleware (docs/guard.md §Execution contract, §Inside Hermes).  Returns downstream's
         result, a blocked JSON string, or the record-failed JSON string.
         Downstream exceptions propagate unchanged after an ``uncertain`` record."""
         if not callable(next_call):
@@ -290,7 +284,7 @@ class RecoveryGuard:
             binding = _live_admission()
             if binding is not None:
                 if binding.identity == identity:
-                    # SPEC §9 re-entry: the host nested this middleware for the same call.
+                    # docs/guard.md §Inside Hermes, re-entry: the host nested this middleware for the same call.
                     return_through = True
                 else:
                     raise _Refusal("nested_call",
@@ -355,7 +349,7 @@ class RecoveryGuard:
             raise self._refusal_from(exc, None) from None
         operation_id = str(uuid.uuid4())
         # Checked before the owner lock is touched (this also creates a fresh
-        # profile's data directory): a refusal changes no file (SPEC §10), and a
+        # profile's data directory): a refusal changes no file (docs/guard.md §Blocked result), and a
         # killed worker's tag in owner.lock stays as the operator's evidence.
         # admit() below re-checks under the writer lock.
         self._check_gate(journal)
@@ -415,7 +409,7 @@ class RecoveryGuard:
     def _record(self, journal: Journal, operation_id: str, tool_name: str, *, uncertain: bool,
                 result_hash: str, reason: str) -> Optional[str]:
         """Append the outcome; on failure poison the guard and return the
-        record-failed JSON (SPEC §9).  Never raises ``Exception``."""
+        record-failed JSON (docs/guard.md §Inside Hermes).  Never raises ``Exception``."""
         try:
             journal.record_outcome(operation_id, uncertain=uncertain, result_hash=result_hash,
                                    reason=reason)
@@ -440,7 +434,7 @@ class RecoveryGuard:
     # ----------------------------------------------------- inspection tools --
 
     def status_report(self) -> dict:
-        """``crash_recovery_status`` (SPEC §10): verified integrity plus the
+        """``crash_recovery_status`` (docs/guard.md §Blocked result): verified integrity plus the
         unresolved operations with owner, age and ISO start time."""
         try:
             journal, _ = self._open()
@@ -456,7 +450,7 @@ class RecoveryGuard:
         return result
 
     def verify_report(self, checkpoint: Any = None) -> dict:
-        """``crash_recovery_verify`` (SPEC §10): a full verification, optionally
+        """``crash_recovery_verify`` (docs/guard.md §Blocked result): a full verification, optionally
         against an external ancestor ``checkpoint`` dict."""
         try:
             journal, _ = self._open()

@@ -10,7 +10,7 @@ pending operation still running?":
 * ``gone`` -- nobody holds the lock, or its holder is running another operation;
 * ``unknown`` -- the platform has no advisory locks, or the tag cannot be read.
 
-Nothing is ever released or resolved because an owner is ``gone``: SPEC §8 forbids
+Nothing is ever released or resolved because an owner is ``gone``: docs/guard.md §Settings forbids
 inferring safety from process state; this only tells a person where to look.
 
 ``flock`` is used rather than ``fcntl``/``lockf`` record locks on purpose: POSIX
@@ -26,10 +26,7 @@ import os
 import time
 from typing import Optional
 
-try:  # package (inside Hermes, pip install) or top-level (scripts, tests)
-    from .journal import open_regular_file
-except ImportError:
-    from journal import open_regular_file  # type: ignore[no-redef]
+from .durable import open_regular_file
 
 try:
     import fcntl

@@ -1,7 +1,7 @@
 """What people and models are shown: status reports, blocked results, operator commands.
 
-Shared by the guard (model-facing tools and refusals, SPEC §10) and the operator
-CLI (SPEC §11) so both describe an operation the same way.  Pure formatting plus
+Shared by the guard (model-facing tools and refusals, docs/guard.md §Blocked result) and the operator
+CLI (docs/cli.md) so both describe an operation the same way.  Pure formatting plus
 the owner probe; no journal writes.
 """
 from __future__ import annotations
@@ -12,14 +12,12 @@ import os
 import shlex
 import sys
 import time
-from typing import Any, Iterable, Optional
+import unicodedata
+from typing import Any, Iterable, Optional, Sequence
 
-try:  # package (inside Hermes, pip install) or top-level (scripts, tests)
-    from .journal import JournalError, Operation
-    from .owner import probe_owner
-except ImportError:
-    from journal import JournalError, Operation  # type: ignore[no-redef]
-    from owner import probe_owner  # type: ignore[no-redef]
+from .chain import Operation
+from .errors import JournalError
+from .owner import OWNER_RUNNING, probe_owner
 
 BLOCKED_ERROR = "crash_recovery_blocked"
 RECORD_FAILED_ERROR = "crash_recovery_record_failed"
@@ -75,7 +73,7 @@ def describe_age(seconds: float) -> str:
 
 def blocked_result(code: str, explanation: str, *, data_dir: Optional[str],
                    operations: Iterable[dict] = ()) -> str:
-    """The refusal JSON of SPEC §10: ``error`` = ``crash_recovery_blocked``,
+    """The refusal JSON of docs/guard.md §Blocked result: ``error`` = ``crash_recovery_blocked``,
     ``blocked`` true, ``code``, ``explanation``, ``operation_ids``, ``operations``
     (tool, state, started_at, age_seconds) and ``operator_command`` (null when
     the refusal came before the data directory was known: the keys never vary)."""
@@ -121,7 +119,7 @@ def integrity_explanation(error: JournalError, data_dir: Optional[str]) -> str:
 
 
 def status_report(journal: Any, data_dir: str, *, now_ns: Optional[int] = None) -> dict:
-    """Verified status (SPEC §10 tool, §11 ``status``).
+    """Verified status (docs/guard.md §Inspection tools, docs/cli.md §status).
 
     ``{"ok", "integrity": "ok" | code, "data_dir", "checkpoint", "unresolved":
     [operation_view...]}``, plus ``"error": {code, message, ...}`` when not ok.
@@ -135,3 +133,116 @@ def status_report(journal: Any, data_dir: str, *, now_ns: Optional[int] = None) 
     return {"ok": True, "integrity": "ok", "data_dir": data_dir, "checkpoint": status.checkpoint,
             "unresolved": [operation_view(operation, data_dir, now_ns=now_ns)
                            for operation in status.unresolved]}
+
+
+# ------------------------------------------------------------- terminal output --
+
+# Characters that would break a table row: newlines, tabs and other controls.
+# C1 controls (U+0080-U+009F: 8-bit CSI and friends) and bidi overrides reach a
+# terminal raw even through json.dumps(ensure_ascii=False); tool names and ids
+# come from the model, so they are escaped in every output.
+_TERMINAL_UNSAFE = (*range(0x80, 0xa0), 0x200e, 0x200f, *range(0x202a, 0x202f),
+                    *range(0x2066, 0x206a))
+_JSON_ESCAPES = {code: f"\\u{code:04x}" for code in _TERMINAL_UNSAFE}
+_CONTROL_ESCAPES = {code: f"\\x{code:02x}" for code in (*range(0x20), 0x7f)}
+_CONTROL_ESCAPES.update({ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"})
+_CONTROL_ESCAPES.update(_JSON_ESCAPES)
+
+
+def json_text(document: Any, indent: Optional[int]) -> str:
+    """JSON for a terminal: readable non-ASCII text, terminal controls as
+    ``\\uXXXX`` escapes (valid JSON: they can only occur inside strings)."""
+    return json.dumps(document, ensure_ascii=False, sort_keys=True,
+                      indent=indent).translate(_JSON_ESCAPES)
+
+
+def _cell(value: Any) -> str:
+    """One table cell: ``-`` for nothing, control characters escaped."""
+    return "-" if value is None or value == "" else str(value).translate(_CONTROL_ESCAPES)
+
+
+def _display_width(text: str) -> int:
+    """Terminal columns of ``text``: wide (CJK) characters take two, combining marks none."""
+    return sum(0 if unicodedata.combining(character) else
+               2 if unicodedata.east_asian_width(character) in "WF" else 1
+               for character in text)
+
+
+def _table(rows: list, columns: Sequence[str]) -> str:
+    """Rows (dicts) under upper-case column titles, columns padded to equal
+    display width and separated by two spaces."""
+    cells = [[column.upper() for column in columns]]
+    cells += [[_cell(row.get(column)) for column in columns] for row in rows]
+    widths = [max(_display_width(line[index]) for line in cells) for index in range(len(columns))]
+    return "\n".join("  ".join(cell + " " * (width - _display_width(cell))
+                               for cell, width in zip(line, widths)).rstrip()
+                     for line in cells)
+
+
+def _error_text(result: dict) -> str:
+    error = result.get("error") or {}
+    lines = [f"error: {error.get('code')}", f"  {_cell(error.get('message'))}"]
+    lines += [f"  {key}: {_cell(json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else value)}"
+              for key, value in sorted(error.items()) if key not in ("code", "message", "hint")]
+    if "integrity" in result:
+        lines.append(f"integrity: {result['integrity']}")
+    if error.get("hint"):
+        lines.append(f"next: {error['hint']}")
+    return "\n".join(lines)
+
+
+def _owner_text(operation: dict) -> Optional[str]:
+    owner = operation.get("owner")
+    if owner == OWNER_RUNNING and operation.get("owner_pid"):
+        return f"{owner} (pid {operation['owner_pid']})"
+    return owner
+
+
+def render_text(command: str, result: dict) -> str:
+    """Aligned, human-readable tables for status/show/log and a readable error
+    for any failed command; other results fall back to indented JSON."""
+    if not result.get("ok", True):
+        return _error_text(result)
+    if command not in ("status", "show", "log"):
+        return json_text(result, 2)
+    data_dir = result.get("data_dir") or ""
+    checkpoint = result.get("checkpoint") or {}
+    header = (f"integrity: {result.get('integrity')}   data dir: {data_dir}\n"
+              f"events: {checkpoint.get('count', 0)}   head: {checkpoint.get('head', '-')}")
+    if command == "status":
+        rows = [dict(row, age=describe_age(row["age_seconds"]), owner=_owner_text(row))
+                for row in result["unresolved"]]
+        if not rows:
+            return header + "\nno unresolved operations: protected calls may run"
+        first = rows[0]["operation_id"]
+        return "\n".join([
+            header,
+            f"{len(rows)} unresolved operation(s) block every protected call in this profile:",
+            _table(rows, ("operation_id", "tool", "state", "reason", "started_at", "age",
+                          "owner", "session_id", "tool_call_id", "args_hash")),
+            "",
+            "next: stop every worker of this profile (owner must not be running), check the "
+            "real service for this call, then record what you found:",
+            "  " + operator_command(data_dir, "show", first),
+            "  " + operator_command(data_dir, "resolve", first, "--outcome",
+                                           "<completed|not_applied>", "--evidence",
+                                           "<what you checked>"),
+            "If you cannot establish the outcome, leave it unresolved."])
+    if command == "show":
+        operation = dict(result["operation"], owner=_owner_text(result["operation"]))
+        if "age_seconds" in operation:
+            operation["age"] = describe_age(operation["age_seconds"])
+        keys = ("operation_id", "tool", "state", "reason", "outcome", "started_at", "age",
+                "owner", "session_id", "tool_call_id", "args_hash", "fingerprint")
+        width = max(map(len, keys)) + 1
+        lines = [f"{(key + ':').ljust(width)} {_cell(operation.get(key))}" for key in keys
+                 if key in operation and not (key == "owner" and operation[key] is None)]
+        return "\n".join([f"integrity: {result.get('integrity')}   data dir: {data_dir}", "",
+                          *lines, "", _table(result["events"], (
+                              "seq", "at", "kind", "reason", "outcome", "result_hash",
+                              "evidence"))])
+    tools = {event["operation_id"]: event["tool"] for event in result["events"] if "tool" in event}
+    events = [dict(event, at=iso_utc(event["timestamp_ns"]),
+                   tool=tools.get(event["operation_id"])) for event in result["events"]]
+    return header + "\n" + _table(events, (
+        "seq", "at", "kind", "operation_id", "tool", "reason", "outcome", "evidence"))

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Fast bulk writer for crash-recovery journals (benchmark fixtures).
 
-Writes a journal in the on-disk format of SPEC.md sections 4-7, written from
-the SPEC alone: it imports nothing from the product, so a bug in the
+Writes a journal in the on-disk format of docs/format.md, written from
+docs/format.md alone: it imports nothing from the product, so a bug in the
 product's encoder cannot hide behind a matching bug here.
 
 What it produces in ``DATA_DIR``:
@@ -26,7 +26,7 @@ written exactly.
 
 Speed: payloads are rendered from fixed-key templates (keys already in
 sorted order, values that need no escaping), which produces exactly
-``C(payload)`` of SPEC section 6 without calling ``json.dumps`` per event;
+``C(payload)`` of docs/format.md §Canonical encoding without calling ``json.dumps`` per event;
 the first events of every run are cross-checked against ``json.dumps``.
 All rows go in through one ``executemany`` in one transaction.  About 1M
 events in well under a minute on a slow machine.
@@ -84,7 +84,7 @@ EVIDENCE = [
 # ---------------------------------------------------------------- encoding --
 
 def canonical_text(value: Any) -> str:
-    """C(x) of SPEC section 6 as text (hash its UTF-8 bytes)."""
+    """C(x) of docs/format.md §Canonical encoding as text (hash its UTF-8 bytes)."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"),
                       ensure_ascii=False, allow_nan=False)
 
@@ -110,7 +110,7 @@ def event_hash(previous: str, payload_text: str) -> str:
 
 
 def checkpoint_text(journal_id: str, count: int, head: str) -> str:
-    """Canonical head.json content (SPEC section 7)."""
+    """Canonical head.json content (docs/format.md §Checkpoint)."""
     return canonical_text({"schema": SCHEMA, "journal_id": journal_id,
                            "count": count, "head": head})
 
@@ -264,7 +264,7 @@ def write_journal(data_dir: str, event_count: int, *, seed: int = 7,
     connection = sqlite3.connect(database_path, isolation_level=None)
     try:
         # Bulk load without a rollback journal (a crash here just leaves a
-        # useless fixture), then switch the file to WAL as the SPEC requires.
+        # useless fixture), then switch the file to WAL as docs/format.md requires.
         connection.execute("PRAGMA journal_mode=OFF")
         connection.execute("PRAGMA synchronous=OFF")
         connection.execute("PRAGMA cache_size=-65536")

@@ -11,7 +11,7 @@ boundary ``side_effect``/``downstream`` and returns a normal response (or raises
 with ``--raise``, or returns an error-shaped response with ``--error``).
 ``resolve`` runs ``operator_cli.main(["resolve", ...])`` in this process.
 
-``--kill BOUNDARY:KIND[:N]`` installs a ``journal.set_boundary_hook`` hook that
+``--kill BOUNDARY:KIND[:N]`` installs a ``durable.set_boundary_hook`` hook that
 sends SIGKILL to this very process the N-th time (default 1) that boundary is
 reached for that kind -- no cleanup, no ``finally``, exactly like a power cut
 of the process.  Without ``--kill`` the worker prints one JSON line
@@ -29,12 +29,10 @@ import sqlite3
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
-
-import journal  # noqa: E402
-from guard import RecoveryGuard, _ADMISSION  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import support  # noqa: E402,F401  (loads this checkout as the package crash_recovery)
+from crash_recovery import durable  # noqa: E402
+from crash_recovery.guard import RecoveryGuard, _ADMISSION  # noqa: E402
 
 TOOL = "book_flight"
 # Boundaries the worker itself announces (the journal and guard announce the rest).
@@ -57,7 +55,7 @@ def install_kill(spec: str) -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
                 time.sleep(10)  # never reached: SIGKILL cannot be caught
 
-    journal.set_boundary_hook(hook)
+    durable.set_boundary_hook(hook)
 
 
 def book(service: str, request: str) -> int:
@@ -94,7 +92,7 @@ def run_call(args: argparse.Namespace) -> dict:
 
     def downstream():
         booking = book(args.service, args.request)
-        journal.reach_boundary(*SIDE_EFFECT_BOUNDARY)
+        durable.reach_boundary(*SIDE_EFFECT_BOUNDARY)
         if args.raise_:
             raise RuntimeError("service connection reset")
         if args.error:
@@ -115,7 +113,7 @@ def run_call(args: argparse.Namespace) -> dict:
 def run_resolve(args: argparse.Namespace) -> dict:
     import contextlib
     import io
-    import operator_cli
+    from crash_recovery import operator_cli
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         code = operator_cli.main(["--data-dir", args.data_dir, "resolve", args.service,

@@ -2,7 +2,7 @@
 fail-closed, concurrency).  Not a test module."""
 from __future__ import annotations
 
-from support import verifier
+from support import reference
 
 
 def logical_snapshot(case, data_dir=None):
@@ -15,7 +15,7 @@ def logical_snapshot(case, data_dir=None):
     state["files"].pop("journal.sqlite3", None)
     if "rows" in state and not isinstance(state["rows"], str):
         try:
-            state["metadata"] = sorted(verifier().read_rows(data_dir).get("metadata", []))
+            state["metadata"] = sorted(reference.read_rows(data_dir).get("metadata", []))
         except Exception as exc:  # noqa: BLE001 - an unreadable database is a state too
             state["metadata"] = f"unreadable: {type(exc).__name__}"
     return state

@@ -37,15 +37,12 @@ import sys
 import tempfile
 import time
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(TESTS)
-for path in (REPO, TESTS):
-    if path not in sys.path:
-        sys.path.insert(0, path)
-
-import journal  # noqa: E402
-from guard import RecoveryGuard, _ADMISSION  # noqa: E402
-from journal import Journal, JournalError  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import support  # noqa: E402,F401  (loads this checkout as the package crash_recovery)
+from crash_recovery import durable  # noqa: E402
+from crash_recovery.guard import RecoveryGuard, _ADMISSION  # noqa: E402
+from crash_recovery.errors import JournalError  # noqa: E402
+from crash_recovery.journal import Journal  # noqa: E402
 
 EXPECTED_REFUSALS = {"operation_in_flight", "unresolved_operations"}
 APPEND_BOUNDARIES = ("begin", "inserted", "checkpoint_written", "checkpoint_fsynced",
@@ -56,9 +53,9 @@ KILL_POINTS = ([(b, "started") for b in APPEND_BOUNDARIES]
                + [(b, "resolved") for b in APPEND_BOUNDARIES])
 
 
-def load_verifier():
-    from support import verifier
-    return verifier()
+def load_reference():
+    from support import reference
+    return reference
 
 
 # ------------------------------------------------------------- processes --
@@ -151,7 +148,7 @@ def run_processes(root: str, processes: int, calls: int) -> dict:
     connection = sqlite3.connect(os.path.join(data_dir, "journal.sqlite3"))
     integrity = connection.execute("PRAGMA integrity_check").fetchone()[0]
     connection.close()
-    report = load_verifier().verify(data_dir)
+    report = load_reference().verify(data_dir)
     kinds_by_operation = {}
     for event in report.events:
         kinds_by_operation.setdefault(event["operation_id"], []).append(event["kind"])
@@ -197,7 +194,7 @@ def kill_child(data_dir: str, service: str, timeline: str, point: tuple, request
     def hook(boundary, kind):
         if (boundary, kind) == point:
             os.kill(os.getpid(), signal.SIGKILL)
-    journal.set_boundary_hook(hook)
+    durable.set_boundary_hook(hook)
     if operation_to_resolve is not None:
         with Journal(data_dir, create=False) as handle:
             handle.resolve(operation_to_resolve, outcome=outcome,
@@ -213,7 +210,7 @@ def kill_child(data_dir: str, service: str, timeline: str, point: tuple, request
         connection.execute("INSERT INTO bookings(request, operation_id, pid) VALUES (?, ?, ?)",
                            (request, operation, os.getpid()))
         connection.close()
-        journal.reach_boundary("side_effect", "downstream")
+        durable.reach_boundary("side_effect", "downstream")
         timeline_write(timeline, "exit", operation)
         return {"status": "confirmed"}
 
@@ -226,7 +223,7 @@ def run_kills(root: str, kills_wanted: int, seed: int) -> dict:
     data_dir = os.path.join(root, "kill-profile")
     service = os.path.join(root, "service.sqlite3")
     timeline = os.path.join(root, "kill-timeline.log")
-    verifier = load_verifier()
+    verifier = load_reference()
     counts = {"kills_tried": 0, "kills_landed": 0, "attempts": 0, "intents_completed": 0,
               "checkpoint_ahead_seen": 0, "pending_seen": 0, "uncertain_seen": 0,
               "silent_repairs": 0, "admitted_while_open": 0, "other_verdicts": 0}

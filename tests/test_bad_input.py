@@ -1,4 +1,4 @@
-"""Bad-input catalogue (issue 4 part 3; SPEC §6, §9, §11, §12).
+"""Bad-input catalogue (issue 4 part 3; docs/format.md §Canonical encoding, docs/guard.md, docs/cli.md).
 
 Arguments, responses, operator input, odd tool names and session ids: each
 gets a clear refusal or a defined outcome, never a crash, never a half-written
@@ -17,11 +17,11 @@ import unittest
 import uuid
 
 from reliability_support import ReliabilityCase, logical_snapshot
-from support import OPERATOR_CLI, run_cli, verifier
+from support import OPERATOR_CLI, run_cli, reference
 
-from classify import is_error_response
-from guard import NO_RESPONSE_HASH, RecoveryGuard
-from journal import value_hash
+from crash_recovery.classify import is_error_response
+from crash_recovery.guard import NO_RESPONSE_HASH, RecoveryGuard
+from crash_recovery.record import value_hash
 
 TEN_MB = 10 * 1024 * 1024
 
@@ -309,7 +309,7 @@ class OperatorInput(ReliabilityCase):
         self.assertEqual(completed.returncode, 1)
         self.assertEqual(json.loads(completed.stdout)["error"]["code"], "invalid_evidence")
         self.assertEqual(logical_snapshot(self), before)
-        self.assertEqual(verifier().verify(self.data_dir).unresolved(), [self.open])
+        self.assertEqual(reference.verify(self.data_dir).unresolved(), [self.open])
 
     def test_multiline_and_large_evidence_is_stored_verbatim(self):
         evidence = "line one\nline two: receipt #42\r\n" + "z" * 60000

@@ -1,10 +1,10 @@
-"""Error classification (SPEC §12) and the edge decisions in classify.py's docstring."""
+"""Error classification (docs/guard.md §Error classification) and the edge decisions in classify.py's docstring."""
 from __future__ import annotations
 
 import json
 import unittest
 
-from classify import MAX_DECODE_DEPTH, is_error_response
+from crash_recovery.classify import MAX_DECODE_DEPTH, is_error_response
 
 
 class _ExplodingBool:
@@ -13,7 +13,7 @@ class _ExplodingBool:
 
 
 class SpecRowTests(unittest.TestCase):
-    """Every SPEC §12 row, as a dict and as JSON text."""
+    """Every docs/guard.md §Error classification row, as a dict and as JSON text."""
 
     ROWS = [
         # truthy error
@@ -45,7 +45,7 @@ class SpecRowTests(unittest.TestCase):
         ({"status": "unknown"}, True),
         ({"status": "ok"}, False),
         ({"status": "confirmed"}, False),
-        ({"status": "canceled"}, False),  # only the SPEC's spelling
+        ({"status": "canceled"}, False),  # only the documented spelling
         ({"status": "failure"}, False),
         ({"status": ""}, False),
         ({"status": None}, False),

@@ -1,4 +1,4 @@
-"""operator_cli.py (SPEC §11): every command and exit code, in a subprocess."""
+"""operator_cli.py (docs/cli.md): every command and exit code, in a subprocess."""
 from __future__ import annotations
 
 import contextlib
@@ -7,10 +7,10 @@ import json
 import os
 import uuid
 
-from support import JournalTestCase, run_cli, verifier
+from support import JournalTestCase, run_cli, reference
 
-import operator_cli
-from guard import RecoveryGuard
+from crash_recovery import operator_cli
+from crash_recovery.guard import RecoveryGuard
 
 CHECKPOINT_KEYS = {"schema", "journal_id", "count", "head"}
 
@@ -77,7 +77,7 @@ class ReadCommandTests(CliTestCase):
         self.assertEqual(self.snapshot(), before)
 
     def test_verify_with_external_checkpoint(self):
-        report = verifier().verify(self.data_dir)
+        report = reference.verify(self.data_dir)
         ancestors = {"genesis": report.summary() | {"count": 0, "head": report.genesis},
                      "older": report.summary() | {"count": 2, "head": report.hash_at(2)}}
         for label, checkpoint in ancestors.items():
@@ -108,10 +108,8 @@ class ReadCommandTests(CliTestCase):
         self.assertFailsWithoutChange("checkpoint_unreadable", "verify", "--checkpoint", garbage)
 
     def test_verify_reports_tampering(self):
-        builder_sql = verifier().JournalBuilder.sql
-        fake = type("Fake", (), {"db_path": os.path.join(self.data_dir, "journal.sqlite3")})()
-        builder_sql(fake, "UPDATE events SET payload = replace(payload, 'book_trip', 'book_car') "
-                          "WHERE seq = 3")
+        reference.execute_sql(self.data_dir, "UPDATE events SET payload = "
+                              "replace(payload, 'book_trip', 'book_car') WHERE seq = 3")
         for command in ("verify", "status", "checkpoint"):
             with self.subTest(command):
                 before = self.snapshot()
@@ -126,7 +124,7 @@ class ReadCommandTests(CliTestCase):
         with open(os.path.join(self.data_dir, "head.json"), "rb") as stream:
             self.assertEqual(result, json.loads(stream.read()))
         self.assertEqual(set(result), CHECKPOINT_KEYS)
-        self.assertEqual(result, verifier().verify(self.data_dir).summary())
+        self.assertEqual(result, reference.verify(self.data_dir).summary())
 
     def test_text_format(self):
         exit_code, _, stdout = run_cli(self.data_dir, "--format", "text", "status")

@@ -1,4 +1,4 @@
-"""Concurrency (issue 4 part 5; SPEC §8, §9): threads in one process and a
+"""Concurrency (issue 4 part 5; docs/guard.md §Settings, §Inside Hermes): threads in one process and a
 small multi-process run (``tests/stress.py`` does the big one).
 
 Threads: 8 protected calls at once -- on plain threads and, like Hermes'
@@ -19,7 +19,7 @@ import unittest
 from reliability_support import ReliabilityCase
 
 import stress
-from guard import _ADMISSION, RecoveryGuard
+from crash_recovery.guard import _ADMISSION, RecoveryGuard
 
 THREADS = 8
 

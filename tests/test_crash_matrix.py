@@ -1,4 +1,4 @@
-"""SIGKILL at every durable boundary (issue 4 part 1; SPEC §3, §7).
+"""SIGKILL at every durable boundary (issue 4 part 1; docs/guard.md §Execution contract, docs/format.md §Append).
 
 Each case runs ``tests/crash_worker.py`` in a real subprocess that SIGKILLs
 itself at one named boundary of one step: the ``started`` append, downstream
@@ -30,12 +30,12 @@ import sys
 import unittest
 
 from reliability_support import ReliabilityCase as JournalTestCase, logical_snapshot
-from support import run_cli, verifier
+from support import run_cli, reference
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import crash_worker  # noqa: E402
-from guard import RecoveryGuard  # noqa: E402
-from journal import Journal  # noqa: E402
+from crash_recovery.guard import RecoveryGuard  # noqa: E402
+from crash_recovery.journal import Journal  # noqa: E402
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "crash_worker.py")
 APPEND_BOUNDARIES = ("begin", "inserted", "checkpoint_written", "checkpoint_fsynced",
@@ -112,20 +112,22 @@ class CrashMatrix(JournalTestCase):
         self.assertEqual(crash_worker.side_effects(self.service, request), side_effects)
         before = logical_snapshot(self)
         code, status, text = run_cli(self.data_dir, "status")
-        report = verifier().verify(self.data_dir, require_head=not creation)
+        report = reference.verify(self.data_dir, require_head=not creation)
         if expected == AHEAD_STATE:
             self.assertEqual(code, 1, text)
             self.assertEqual(status["integrity"], "checkpoint_ahead")
             self.assertEqual(status["error"]["checkpoint_count"],
                              status["error"]["journal_count"] + 1)
-            self.assertFalse(report.ok)  # the independent verifier agrees it does not match
+            self.assertFalse(report.ok)  # the reference reading agrees it does not match
             self.assertEqual(len(report.errors), 1, report.errors)
             self.assertIn("head.json", report.errors[0])
+            self.cross_check(self.data_dir, False, require_head=not creation)
             open_ids = None
         else:
             self.assertEqual(code, 0, text)
             self.assertEqual(status["integrity"], "ok")
             self.assertTrue(report.ok, report.errors)
+            self.cross_check(self.data_dir, True, require_head=not creation)
             open_ids = [operation["operation_id"] for operation in status["unresolved"]]
             states = sorted(report.state_of(op) for op in open_ids)
             if expected == CLEAN:

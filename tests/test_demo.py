@@ -1,4 +1,4 @@
-"""demo.py (SPEC §14) end to end, in a subprocess."""
+"""demo.py (README §Try it) end to end, in a subprocess."""
 from __future__ import annotations
 
 import json

@@ -1,4 +1,4 @@
-"""Canonical encoding and hashes (SPEC §6): golden vectors computed by hand.
+"""Canonical encoding and hashes (docs/format.md §Hashes): golden vectors computed by hand.
 
 Every expected value below is SHA-256 over a JSON byte string typed into this
 file (and pinned as a hex literal), never produced by the product's encoder.
@@ -14,9 +14,9 @@ import unittest
 
 from support import JournalTestCase
 
-import journal
-from guard import NO_RESPONSE_HASH, RecoveryGuard
-from journal import EncodingError
+from crash_recovery import record
+from crash_recovery.guard import NO_RESPONSE_HASH, RecoveryGuard
+from crash_recovery.errors import EncodingError
 
 JOURNAL_ID = "123e4567-e89b-42d3-a456-426614174000"
 SCHEMA = "hermes.crash-recovery.v1"
@@ -82,34 +82,34 @@ class GoldenVectorTests(unittest.TestCase):
             self.assertEqual(sha(raw), expected)
 
     def test_genesis_hash(self):
-        self.assertEqual(journal.genesis_hash(JOURNAL_ID), GENESIS_HEX)
-        self.assertEqual(journal.genesis_hash(JOURNAL_ID, SCHEMA), GENESIS_HEX)
+        self.assertEqual(record.genesis_hash(JOURNAL_ID), GENESIS_HEX)
+        self.assertEqual(record.genesis_hash(JOURNAL_ID, SCHEMA), GENESIS_HEX)
 
     def test_args_hash_and_fingerprint(self):
-        self.assertEqual(journal.value_hash(ARGS), ARGS_HEX)
-        self.assertEqual(journal.canonical_bytes(ARGS), ARGS_BYTES)
-        self.assertEqual(journal.fingerprint("book_trip", ARGS), FINGERPRINT_HEX)
+        self.assertEqual(record.value_hash(ARGS), ARGS_HEX)
+        self.assertEqual(record.canonical_bytes(ARGS), ARGS_BYTES)
+        self.assertEqual(record.fingerprint("book_trip", ARGS), FINGERPRINT_HEX)
 
     def test_result_hash_of_string_is_hash_of_json_string(self):
-        self.assertEqual(journal.value_hash("ok"), RESULT_OK_HEX)
-        self.assertEqual(journal.value_hash(RESULT_JSON_TEXT), RESULT_JSON_TEXT_HEX)
+        self.assertEqual(record.value_hash("ok"), RESULT_OK_HEX)
+        self.assertEqual(record.value_hash(RESULT_JSON_TEXT), RESULT_JSON_TEXT_HEX)
         # Not the hash of the object the text carries.
-        self.assertNotEqual(journal.value_hash(RESULT_JSON_TEXT), sha(b'{"status":"ok"}'))
+        self.assertNotEqual(record.value_hash(RESULT_JSON_TEXT), sha(b'{"status":"ok"}'))
 
     def test_result_hash_of_null(self):
-        self.assertEqual(journal.value_hash(None), NULL_HEX)
+        self.assertEqual(record.value_hash(None), NULL_HEX)
         self.assertEqual(NO_RESPONSE_HASH, NULL_HEX)
 
     def test_non_ascii_is_utf8_not_escaped(self):
-        self.assertEqual(journal.canonical_bytes(NON_ASCII), NON_ASCII_BYTES)
-        self.assertEqual(journal.value_hash(NON_ASCII), NON_ASCII_HEX)
-        self.assertNotIn(b"\\u", journal.canonical_bytes(NON_ASCII))
+        self.assertEqual(record.canonical_bytes(NON_ASCII), NON_ASCII_BYTES)
+        self.assertEqual(record.value_hash(NON_ASCII), NON_ASCII_HEX)
+        self.assertNotIn(b"\\u", record.canonical_bytes(NON_ASCII))
 
     def test_event_hash(self):
         payload_text = STARTED_PAYLOAD.decode("utf-8")
-        self.assertEqual(journal.event_hash(GENESIS_HEX, payload_text), sha(EVENT_1_BYTES))
+        self.assertEqual(record.event_hash(GENESIS_HEX, payload_text), sha(EVENT_1_BYTES))
         # The general encoder gives the same bytes as the hand-built fast path.
-        self.assertEqual(journal.value_hash({"previous": GENESIS_HEX, "payload": payload_text}),
+        self.assertEqual(record.value_hash({"previous": GENESIS_HEX, "payload": payload_text}),
                          sha(EVENT_1_BYTES))
 
     def test_event_hash_with_non_ascii_and_escapes(self):
@@ -118,22 +118,22 @@ class GoldenVectorTests(unittest.TestCase):
                  b'\\"kind\\":\\"resolved\\",\\"operation_id\\":\\"0b9f6a1e-5d1c-4f43-9a57-0c1d2e3f4a5b\\",'
                  b'\\"outcome\\":\\"completed\\",\\"schema\\":\\"hermes.crash-recovery.v1\\",'
                  b'\\"timestamp_ns\\":1700000000000000001}","previous":"' + previous.encode() + b'"}')
-        self.assertEqual(journal.event_hash(previous, RESOLVED_PAYLOAD.decode("utf-8")), sha(outer))
+        self.assertEqual(record.event_hash(previous, RESOLVED_PAYLOAD.decode("utf-8")), sha(outer))
 
     def test_checkpoint_and_marker_text(self):
         self.assertEqual(
-            journal.canonical_bytes(journal.checkpoint_of(JOURNAL_ID, 0, GENESIS_HEX)),
+            record.canonical_bytes(record.checkpoint_of(JOURNAL_ID, 0, GENESIS_HEX)),
             b'{"count":0,"head":"0ce6fc0c4176397b590ef7535647aba74c0dbc76fe84f433b13a2c0678ef71b2",'
             b'"journal_id":"123e4567-e89b-42d3-a456-426614174000","schema":"hermes.crash-recovery.v1"}')
-        self.assertEqual(journal.marker_text(JOURNAL_ID).encode("utf-8"), GENESIS_BYTES + b"\n")
+        self.assertEqual(record.marker_text(JOURNAL_ID).encode("utf-8"), GENESIS_BYTES + b"\n")
 
     def test_tuples_encode_like_lists(self):
-        self.assertEqual(journal.canonical_bytes((1, "x", None)), b'[1,"x",null]')
-        self.assertEqual(journal.value_hash({"a": (1, (2, 3))}), sha(b'{"a":[1,[2,3]]}'))
-        self.assertEqual(journal.value_hash({"a": (1, 2)}), journal.value_hash({"a": [1, 2]}))
+        self.assertEqual(record.canonical_bytes((1, "x", None)), b'[1,"x",null]')
+        self.assertEqual(record.value_hash({"a": (1, (2, 3))}), sha(b'{"a":[1,[2,3]]}'))
+        self.assertEqual(record.value_hash({"a": (1, 2)}), record.value_hash({"a": [1, 2]}))
 
     def test_numbers_and_literals(self):
-        self.assertEqual(journal.canonical_bytes({"b": True, "a": False, "c": None, "d": 1.5, "e": -0}),
+        self.assertEqual(record.canonical_bytes({"b": True, "a": False, "c": None, "d": 1.5, "e": -0}),
                          b'{"a":false,"b":true,"c":null,"d":1.5,"e":0}')
 
 
@@ -161,13 +161,13 @@ class CanonicalRefusalTests(unittest.TestCase):
     def test_every_non_canonical_value_is_refused_with_code(self):
         for label, value in self.REFUSED.items():
             with self.subTest(label):
-                for function in (journal.canonical_text, journal.canonical_bytes, journal.value_hash):
+                for function in (record.canonical_text, record.canonical_bytes, record.value_hash):
                     with self.assertRaises(EncodingError) as caught:
                         function(value)
                     self.assertEqual(caught.exception.code, "non_canonical_value")
                     self.assertIsInstance(caught.exception, ValueError)
                 with self.assertRaises(EncodingError):
-                    journal.fingerprint("book_trip", {"x": value})
+                    record.fingerprint("book_trip", {"x": value})
 
     def test_deep_nesting_is_refused_not_crashing(self):
         deep = []
@@ -178,7 +178,7 @@ class CanonicalRefusalTests(unittest.TestCase):
             nested_dict = {"k": nested_dict}
         for value in (deep, nested_dict):
             with self.assertRaises(EncodingError) as caught:
-                journal.value_hash(value)
+                record.value_hash(value)
             self.assertEqual(caught.exception.code, "non_canonical_value")
 
 

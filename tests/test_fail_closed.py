@@ -1,4 +1,4 @@
-"""Fail-closed injection (issue 4 part 4; SPEC §3, §9).
+"""Fail-closed injection (issue 4 part 4; docs/guard.md §Execution contract, §Inside Hermes).
 
 Every internal step of admission is made to fail in turn -- sqlite3.connect,
 each statement (journal_mode, synchronous, BEGIN IMMEDIATE, data_version,
@@ -29,10 +29,10 @@ import unittest
 from unittest import mock
 
 from reliability_support import ReliabilityCase, logical_snapshot
-from support import REPO, verifier
+from support import REPO, reference
 
-import journal
-from guard import RecoveryGuard
+from crash_recovery import durable, journal
+from crash_recovery.guard import RecoveryGuard
 
 REAL_CONNECT = sqlite3.connect
 
@@ -86,15 +86,15 @@ def connect_failing(prefix, error=None):
     def connect(*args, **kwargs):
         return WrappedConnection(REAL_CONNECT(*args, **kwargs), fails, error)
     target = LIVE["journal"]
-    real = target._connection if target is not None else None
+    real = target._database.connection if target is not None else None
     if real is not None:
-        target._connection = WrappedConnection(real, fails, error)
+        target._database.connection = WrappedConnection(real, fails, error)
     try:
         with mock.patch.object(journal.sqlite3, "connect", connect):
             yield
     finally:
         if real is not None:
-            target._connection = real
+            target._database.connection = real
 
 
 def os_failing(name, error_number=errno.EIO):
@@ -108,11 +108,11 @@ def hook_raising(boundary, kind):
     def hook(reached, reached_kind):
         if (reached, reached_kind) == (boundary, kind):
             raise RuntimeError(f"injected at {boundary}")
-    journal.set_boundary_hook(hook)
+    durable.set_boundary_hook(hook)
     try:
         yield
     finally:
-        journal.set_boundary_hook(None)
+        durable.set_boundary_hook(None)
 
 
 # step -> (injection factory, expected blocked code, does the read-only hook hit it?)
@@ -128,7 +128,7 @@ ADMISSION_STEPS = {
     "read": (lambda: connect_failing("SELECT"), "storage_unavailable", True),
     "insert": (lambda: connect_failing("INSERT INTO events"), "storage_unavailable", False),
     "commit": (lambda: connect_failing("COMMIT"), "storage_unavailable", True),
-    "verify_bug": (lambda: mock.patch.object(journal, "_extend_chain",
+    "verify_bug": (lambda: mock.patch.object(journal, "extend_chain",
                                              mock.Mock(side_effect=RuntimeError("bug"))),
                    "internal_error", True),
     "fsync": (lambda: os_failing("fsync"), "storage_unavailable", False),
@@ -239,7 +239,7 @@ RECORD_STEPS = {
     "fsync": lambda: os_failing("fsync"),
     "replace": lambda: os_failing("replace"),
     "open": lambda: os_failing("open"),
-    "verify_bug": lambda: mock.patch.object(journal, "_extend_chain",
+    "verify_bug": lambda: mock.patch.object(journal, "extend_chain",
                                             mock.Mock(side_effect=RuntimeError("bug"))),
     **{f"hook_{boundary}": (lambda boundary=boundary: hook_raising(boundary, "returned"))
        for boundary in BOUNDARIES + ("committed",)},
@@ -374,7 +374,8 @@ class Environments(ReliabilityCase):
         probe = textwrap.dedent(f"""
             import json, sys
             sys.path.insert(0, {REPO!r})
-            from guard import RecoveryGuard
+            from standalone import load_module
+            RecoveryGuard = load_module("guard").RecoveryGuard
             out = {{}}
             for name in ("fresh", "existing"):
                 calls = []
@@ -404,7 +405,7 @@ class Environments(ReliabilityCase):
         self.assertEqual(found["existing"][1], 0)
         self.assertIn(found["existing"][0], ("storage_unavailable",))
         self.assertFalse(os.path.exists(os.path.join(parent, "fresh")))
-        self.assertTrue(verifier().verify(existing).ok)
+        self.assertTrue(reference.verify(existing).ok)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""RecoveryGuard on real SQLite files: SPEC §3 table, §8 configuration, §9
+"""RecoveryGuard on real SQLite files: docs/guard.md §Execution contract table, §Settings, §Inside Hermes
 binding/re-entry/fail-closed, §10 blocked result, §13 what is stored."""
 from __future__ import annotations
 
@@ -13,11 +13,12 @@ import sys
 import unittest
 from unittest import mock
 
-from support import REPO, JournalTestCase, run_cli, verifier
+from support import REPO, JournalTestCase, run_cli, reference
 
-import guard as guard_module
-from guard import INSPECTION_TOOLS, RecoveryGuard
-from journal import JournalUnavailable, value_hash
+from crash_recovery import guard as guard_module
+from crash_recovery.guard import INSPECTION_TOOLS, RecoveryGuard
+from crash_recovery.errors import JournalUnavailable
+from crash_recovery.record import value_hash
 
 BOOKING = {"to": "LIS", "date": "2026-12-24", "passengers": 2}
 BLOCKED_KEYS = {"error", "blocked", "code", "explanation", "operation_ids", "operations",
@@ -82,7 +83,7 @@ class GuardTestCase(JournalTestCase):
             tool_call_id=call_id, task_id="t", turn_id="u", middleware_trace=[])
 
     def report(self):
-        return verifier().verify(self.data_dir)
+        return reference.verify(self.data_dir)
 
     def events(self):
         """(kind, reason-or-outcome) of every event, in order, via the checker."""
@@ -130,7 +131,7 @@ class GuardTestCase(JournalTestCase):
 
 
 class ExecutionContractTests(GuardTestCase):
-    """SPEC §3, one row at a time."""
+    """docs/guard.md §Execution contract, one row at a time."""
 
     def test_started_is_durable_before_downstream_runs(self):
         seen = {}
@@ -217,7 +218,8 @@ class ExecutionContractTests(GuardTestCase):
     def test_process_death_leaves_pending(self):
         script = ("import os, signal, sys\n"
                   f"sys.path.insert(0, {REPO!r})\n"
-                  "from guard import RecoveryGuard\n"
+                  "from standalone import load_module\n"
+                  "RecoveryGuard = load_module('guard').RecoveryGuard\n"
                   "def die():\n"
                   "    os.kill(os.getpid(), signal.SIGKILL)\n"
                   "RecoveryGuard(sys.argv[1]).tool_execution(tool_name='book_trip', "
@@ -387,7 +389,7 @@ class ExecutionContractTests(GuardTestCase):
 
 
 class ConfigurationTests(GuardTestCase):
-    """SPEC §8: a configured list replaces the defaults."""
+    """docs/guard.md §Settings: a configured list replaces the defaults."""
 
     def tools_journaled(self):
         return [event["tool"] for event in self.report().events if event["kind"] == "started"]
@@ -438,7 +440,7 @@ class ConfigurationTests(GuardTestCase):
 
 
 class BindingTests(GuardTestCase):
-    """SPEC §9: ContextVar binding, re-entry, nesting."""
+    """docs/guard.md §Inside Hermes: ContextVar binding, re-entry, nesting."""
 
     def test_hook_excludes_bound_operation_only_for_same_identity(self):
         seen = {}
@@ -649,7 +651,7 @@ class FailClosedTests(GuardTestCase):
 
 
 class BlockedResultTests(GuardTestCase):
-    """SPEC §10: the same refusal on the hook and the middleware path."""
+    """docs/guard.md §Blocked result: the same refusal on the hook and the middleware path."""
 
     def test_shape_and_identical_codes_on_both_paths(self):
         with self.assertRaises(RuntimeError):
@@ -675,7 +677,7 @@ class BlockedResultTests(GuardTestCase):
 
 
 class SecretsTests(GuardTestCase):
-    """SPEC §13: raw arguments, results and exception messages are never stored."""
+    """docs/format.md §What is stored: raw arguments, results and exception messages are never stored."""
 
     SECRET = "sk-live-9f8e7d6c5b4a-S3CR3T-\u00e4\u00f6"
 
@@ -697,7 +699,7 @@ class SecretsTests(GuardTestCase):
         self.call(args=args, call_id="call-2",
                   downstream=Downstream(result={"status": "failed", "detail": self.SECRET}))
         [operation_id] = self.open_operation_ids()
-        from journal import Journal
+        from crash_recovery.journal import Journal
         with Journal(self.data_dir) as journal:
             journal.resolve(operation_id, outcome="not_applied", evidence="no charge in ledger")
         with self.assertRaises(RuntimeError):

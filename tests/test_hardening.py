@@ -14,8 +14,8 @@ import textwrap
 
 from support import REPO, JournalTestCase, run_cli
 
-from classify import is_error_response
-from guard import RecoveryGuard
+from crash_recovery.classify import is_error_response
+from crash_recovery.guard import RecoveryGuard
 
 # Seconds a subprocess may take before a FIFO is taken to have hung it.
 HANG_TIMEOUT_SECONDS = 30
@@ -124,7 +124,8 @@ class PlantedFiles(HardeningCase):
     SCRIPT = textwrap.dedent("""
         import json, sys
         sys.path.insert(0, {repo!r})
-        from guard import RecoveryGuard
+        from standalone import load_module
+        RecoveryGuard = load_module("guard").RecoveryGuard
         guard = RecoveryGuard({data_dir!r}, busy_timeout=1)
         hook = guard.pre_tool_call(tool_name="t", args={{}}, session_id="s", tool_call_id="c")
         result = guard.tool_execution(tool_name="t", args={{}}, next_call=lambda: "RAN",
@@ -352,8 +353,8 @@ class InterruptAfterAdmission(HardeningCase):
 
     def test_interrupt_before_the_binding_releases_everything(self):
         from unittest import mock
-        import guard as guard_module
-        from owner import probe_owner
+        from crash_recovery import guard as guard_module
+        from crash_recovery.owner import probe_owner
         guard = RecoveryGuard(self.data_dir)
         downstream = Downstream()
         with mock.patch.object(guard_module, "Admission", side_effect=KeyboardInterrupt):

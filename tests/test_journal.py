@@ -1,6 +1,6 @@
-"""Journal: SPEC §4-§7 on real files.
+"""Journal: docs/format.md on real files.
 
-Transitions (SPEC §5) legal and illegal, blocking states that are never
+Transitions (docs/format.md §Events) legal and illegal, blocking states that are never
 repaired silently, the creation race, SQLite settings, external checkpoints,
 read-only use, and format compatibility with the independent JournalBuilder.
 """
@@ -16,15 +16,16 @@ import sys
 import unittest
 import uuid
 
-from support import REPO, JournalTestCase, verifier
+from support import REPO, JournalTestCase, reference
 
-import journal as journal_module
-from guard import RecoveryGuard
-from journal import AdmissionRefused, IntegrityError, Journal, JournalError, JournalUnavailable
+from crash_recovery import record
+from crash_recovery.guard import RecoveryGuard
+from crash_recovery.errors import AdmissionRefused, IntegrityError, JournalError, JournalUnavailable
+from crash_recovery.journal import Journal
 
 HASH_A = "a" * 64
 HASH_B = "b" * 64
-HASH_NULL = journal_module.value_hash(None)
+HASH_NULL = record.value_hash(None)
 RACE_PROCESSES = 8
 RACE_TIMEOUT_SECONDS = 60
 
@@ -94,13 +95,14 @@ class IllegalTransitionTests(JournalTestCase):
     report exactly ``invalid_transition``."""
 
     def build(self, script):
-        builder = verifier().JournalBuilder(self.data_dir)
+        builder = reference.JournalBuilder(self.data_dir)
         script(builder)
         return builder
 
     def assertInvalidTransition(self, builder):
         before = self.snapshot()
-        self.assertFalse(verifier().verify(self.data_dir).ok)  # the checker agrees
+        self.assertFalse(reference.verify(self.data_dir).ok)  # the reference reading agrees
+        self.cross_check(self.data_dir, False)
         for readonly in (True, False):
             with Journal(self.data_dir, readonly=readonly) as journal:
                 with self.assertRaises(IntegrityError) as caught:
@@ -294,11 +296,12 @@ class BlockingStatesTests(JournalTestCase):
         # head.json, before COMMIT (an in-process exception would be rolled back).
         script = ("import os, signal, sys, uuid\n"
                   f"sys.path.insert(0, {REPO!r})\n"
-                  "import journal\n"
+                  "from standalone import load_package; load_package()\n"
+                  "from crash_recovery import durable, journal\n"
                   "def hook(boundary, kind):\n"
                   "    if boundary == 'checkpoint_replaced' and kind == 'started':\n"
                   "        os.kill(os.getpid(), signal.SIGKILL)\n"
-                  "journal.set_boundary_hook(hook)\n"
+                  "durable.set_boundary_hook(hook)\n"
                   "journal.Journal(sys.argv[1]).admit(operation_id=str(uuid.uuid4()), "
                   "tool='book_trip', args_hash='a' * 64, fingerprint='b' * 64, "
                   "session_id=None, tool_call_id=None)\n")
@@ -307,11 +310,11 @@ class BlockingStatesTests(JournalTestCase):
         self.assertEqual(completed.returncode, -signal.SIGKILL, completed.stderr)
         with open(os.path.join(self.data_dir, "head.json"), "rb") as stream:
             self.assertEqual(json.loads(stream.read())["count"], 3)
-        self.assertEqual(len(verifier().snapshot_rows(self.data_dir)), 2)
+        self.assertEqual(len(reference.snapshot_rows(self.data_dir)), 2)
         self.assertBlocks("checkpoint_ahead")
 
     def test_hand_written_checkpoint_ahead(self):
-        builder = verifier().JournalBuilder(self.data_dir)
+        builder = reference.JournalBuilder(self.data_dir)
         op = builder.started()
         builder.returned(op)
         builder.auto_head = False
@@ -427,10 +430,10 @@ class SqliteSettingsTests(JournalTestCase):
     def test_wal_and_synchronous_full(self):
         with Journal(self.data_dir) as journal:
             admit(journal)
-            self.assertEqual(journal._connection.execute("PRAGMA journal_mode").fetchone()[0], "wal")
+            self.assertEqual(journal._database.connection.execute("PRAGMA journal_mode").fetchone()[0], "wal")
             # synchronous is per connection: 2 == FULL.
-            self.assertEqual(journal._connection.execute("PRAGMA synchronous").fetchone()[0], 2)
-            self.assertGreater(journal._connection.execute("PRAGMA busy_timeout").fetchone()[0], 0)
+            self.assertEqual(journal._database.connection.execute("PRAGMA synchronous").fetchone()[0], 2)
+            self.assertGreater(journal._database.connection.execute("PRAGMA busy_timeout").fetchone()[0], 0)
         connection = sqlite3.connect(os.path.join(self.data_dir, "journal.sqlite3"))
         try:
             self.assertEqual(connection.execute("PRAGMA journal_mode").fetchone()[0], "wal")
@@ -461,26 +464,26 @@ class ExternalCheckpointTests(JournalTestCase):
         with self.assertRaises(JournalError) as caught:
             self.journal.verify(checkpoint)
         self.assertEqual(caught.exception.code, code)
-        report = verifier().verify(self.data_dir)
-        self.assertNotEqual(verifier().check_ancestor(report, checkpoint), [])
+        report = reference.verify(self.data_dir)
+        self.assertNotEqual(reference.check_ancestor(report, checkpoint), [])
 
     def test_ancestors_accepted(self):
         self.assertEqual(self.genesis["count"], 0)
         self.assertEqual(self.genesis["head"],
-                         journal_module.genesis_hash(self.genesis["journal_id"]))
+                         record.genesis_hash(self.genesis["journal_id"]))
         for checkpoint in (self.genesis, self.older, self.current):
             with self.subTest(count=checkpoint["count"]):
                 status = self.journal.verify(checkpoint)
                 self.assertEqual(status.checkpoint, self.current)
-                self.assertEqual(verifier().check_ancestor(self.assertVerifies(), checkpoint), [])
+                self.assertEqual(reference.check_ancestor(self.assertVerifies(), checkpoint), [])
 
     def test_non_ancestors_refused(self):
         foreign_id = str(uuid.uuid4())
         cases = {
             "foreign": dict(self.current, journal_id=foreign_id,
-                            head=journal_module.genesis_hash(foreign_id)),
+                            head=record.genesis_hash(foreign_id)),
             "foreign at 0": dict(self.genesis, journal_id=foreign_id,
-                                 head=journal_module.genesis_hash(foreign_id)),
+                                 head=record.genesis_hash(foreign_id)),
             "ahead": dict(self.current, count=3),
             "wrong head": dict(self.older, head=self.current["head"]),
             "wrong genesis": dict(self.genesis, head=self.older["head"]),
@@ -534,7 +537,7 @@ class ReadOnlyTests(JournalTestCase):
 class FormatCompatibilityTests(JournalTestCase):
 
     def test_reads_builder_journal_and_extends_it(self):
-        standard = verifier().standard_journal(self.data_dir)
+        standard = reference.standard_journal(self.data_dir)
         builder = standard["builder"]
         with Journal(self.data_dir) as journal:
             status = journal.status()
@@ -553,7 +556,7 @@ class FormatCompatibilityTests(JournalTestCase):
         self.assertEqual(report.unresolved(), [])
 
     def test_builder_null_session_ids_accepted(self):
-        builder = verifier().JournalBuilder(self.data_dir)
+        builder = reference.JournalBuilder(self.data_dir)
         op = builder.started(session_id=None)
         builder.returned(op, {"ok": True})
         with Journal(self.data_dir) as journal:

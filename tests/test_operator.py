@@ -27,7 +27,7 @@ import uuid
 
 from support import REPO, JournalTestCase, run_cli
 
-from guard import RecoveryGuard  # noqa: E402  (tests.support puts REPO on sys.path)
+from crash_recovery.guard import RecoveryGuard  # noqa: E402  (tests.support puts REPO on sys.path)
 
 # Seconds a child may take to reach its downstream call, or to exit.
 CHILD_TIMEOUT_SECONDS = 30
@@ -42,8 +42,9 @@ SIGKILL_EXIT = -signal.SIGKILL
 CHILD_PROGRAM = r'''
 import json, os, signal, sys
 sys.path.insert(0, sys.argv[1])
-import journal
-from guard import RecoveryGuard
+from standalone import load_package; load_package()
+from crash_recovery import durable
+from crash_recovery.guard import RecoveryGuard
 
 mode, data_dir = sys.argv[2], sys.argv[3]
 ran_marker = os.path.join(os.path.dirname(data_dir), "downstream_ran")
@@ -67,9 +68,9 @@ elif mode == "crash":
     def kill_at_replace(boundary, event_kind):
         if boundary == "checkpoint_replaced" and event_kind == kind:
             os.kill(os.getpid(), signal.SIGKILL)
-    journal.set_boundary_hook(kill_at_replace)
+    durable.set_boundary_hook(kill_at_replace)
     if kind == "resolved":
-        import operator_cli
+        from crash_recovery import operator_cli
         operator_cli.main(["--data-dir", data_dir, "resolve", sys.argv[5],
                            "--outcome", "not_applied", "--evidence", "checked the ledger"])
     else:

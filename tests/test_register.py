@@ -1,4 +1,4 @@
-"""register(ctx) (SPEC §9, §10) against a stub host, loaded the way Hermes
+"""register(ctx) (docs/guard.md §Inside Hermes, §Inspection tools) against a stub host, loaded the way Hermes
 loads a directory plugin (a package named hermes_plugins.crash_recovery)."""
 from __future__ import annotations
 
@@ -19,8 +19,7 @@ from support import REPO, JournalTestCase
 PACKAGE = "hermes_plugins.crash_recovery"
 TOOL_NAMES = ("crash_recovery_status", "crash_recovery_verify")
 # What Hermes needs to load a directory plugin, plus the modules it imports.
-PLUGIN_FILES = ("plugin.yaml", "__init__.py", "guard.py", "journal.py", "classify.py",
-                "owner.py", "report.py")
+PLUGIN_FILES = ("plugin.yaml", *sorted(name for name in os.listdir(REPO) if name.endswith(".py")))
 
 
 class StubContext:
@@ -292,7 +291,9 @@ result = calls[0][2](tool_name="book_trip", args={{"to": "LIS"}}, next_call=lamb
                      session_id="s", tool_call_id="c")
 print(json.dumps({{"registered": [c[:2] for c in calls], "before": before, "result": result,
                   "modules": sorted(m for m in sys.modules if m in ("guard", "journal", "report",
-                                                                    "classify", "owner"))}}))
+                                                                    "classify", "owner", "record",
+                                                                    "chain", "durable", "database",
+                                                                    "errors", "crash_recovery"))}}))
 """
         completed = subprocess.run([sys.executable, "-I", "-c", script], cwd=root,
                                    capture_output=True, text=True, timeout=60)
@@ -304,8 +305,8 @@ print(json.dumps({{"registered": [c[:2] for c in calls], "before": before, "resu
         self.assertEqual(output["before"], ["plugins"])  # registration wrote nothing
         self.assertEqual(output["result"], "booked")
         self.assertEqual(output["modules"], [])  # no top-level fallback imports
-        from support import verifier
-        report = verifier().verify(os.path.join(home, "plugin-data", "crash-recovery"))
+        from support import reference
+        report = reference.verify(os.path.join(home, "plugin-data", "crash-recovery"))
         self.assertTrue(report.ok, report.errors)
         self.assertEqual(report.kinds(), ["started", "returned"])
 

@@ -1,4 +1,4 @@
-"""Tamper catalogue with named verdicts (issue 4 part 2; SPEC §7, §11, §13).
+"""Tamper catalogue with named verdicts (issue 4 part 2; docs/format.md §Verification, docs/cli.md §Verdict codes).
 
 Every case is applied to a journal written by a *live* guard (its connection
 still open, its WAL still present), in both verification modes
@@ -30,12 +30,12 @@ import unittest
 import uuid
 
 from reliability_support import ReliabilityCase as JournalTestCase, logical_snapshot
-from support import run_cli, verifier
+from support import run_cli, reference
 
-from guard import RecoveryGuard
-from journal import Journal
+from crash_recovery.guard import RecoveryGuard
+from crash_recovery.journal import Journal
 
-V = verifier()
+V = reference
 
 
 def _rows(database):
@@ -109,7 +109,7 @@ class Fixture:
 
     def hash_at(self, count):
         rows = _rows(self.database)
-        return rows[count - 1][3] if count else V.genesis_hash(self.journal_id)
+        return rows[count - 1][3] if count else V.genesis(self.journal_id)
 
     def checkpoint(self, count, head=None, journal_id=None):
         return {"schema": V.SCHEMA, "journal_id": journal_id or self.journal_id, "count": count,
@@ -131,7 +131,7 @@ def payload_edited_rehashed(f):
     for seq, payload, _, _ in rows[2:]:
         if seq == 3:
             payload = payload.replace("book_flight", "book_hotel")
-        new_hash = V.event_hash(previous, payload)
+        new_hash = V.link(previous, payload)
         statements.append(("UPDATE events SET payload = ?, previous = ?, hash = ? WHERE seq = ?",
                            (payload, previous, new_hash, seq)))
         previous = new_hash
@@ -162,15 +162,15 @@ def restored_older_copy(f):
 
 
 def head_older(f):
-    _write(f.head, V.canonical_text(f.checkpoint(f.count - 2)).encode())
+    _write(f.head, V.canonical(f.checkpoint(f.count - 2)).encode())
 
 
 def head_newer_by_one(f):
-    _write(f.head, V.canonical_text(f.checkpoint(f.count + 1)).encode())
+    _write(f.head, V.canonical(f.checkpoint(f.count + 1)).encode())
 
 
 def head_newer(f):
-    _write(f.head, V.canonical_text(f.checkpoint(f.count + 4)).encode())
+    _write(f.head, V.canonical(f.checkpoint(f.count + 4)).encode())
 
 
 def head_missing(f):
@@ -187,7 +187,7 @@ def head_not_json(f):
 
 def head_other_journal(f):
     other = str(uuid.uuid4())
-    _write(f.head, V.canonical_text(f.checkpoint(f.count, head=f.hash_at(f.count),
+    _write(f.head, V.canonical(f.checkpoint(f.count, head=f.hash_at(f.count),
                                                  journal_id=other)).encode())
 
 

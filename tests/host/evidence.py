@@ -21,9 +21,12 @@ PLUGIN_NAME = "crash-recovery"
 BOOKING_PLUGIN_DIR = HOST_DIR / "booking_plugin"
 PROBE_PLUGIN_DIR = HOST_DIR / "probe_plugin"
 OPERATOR_CLI = REPO_ROOT / "operator_cli.py"
-# In CI a copy of shared/ sits beside the clone: <repo>/../shared/tools/.
-VERIFIER = REPO_ROOT.parent / "shared" / "tools" / "verify_journal.py"
+# The workspace's independent checker, an extra cross-check where it exists
+# (CI has it beside the clone); CRASH_RECOVERY_VERIFIER names another copy.
+VERIFIER = Path(os.environ.get("CRASH_RECOVERY_VERIFIER")
+                or REPO_ROOT.parent / "shared" / "tools" / "verify_journal.py")
 REQUIRE_HOST_VARIABLE = "CRASH_RECOVERY_REQUIRE_HOST"
+REQUIRE_VERIFIER_VARIABLE = "CRASH_RECOVERY_REQUIRE_VERIFIER"
 
 
 def host_required() -> bool:
@@ -32,7 +35,7 @@ def host_required() -> bool:
 
 
 def data_dir_of(home: Path) -> Path:
-    """The plugin data directory of a profile (SPEC §4)."""
+    """The plugin data directory of a profile (docs/format.md §Files)."""
     return Path(home) / "plugin-data" / PLUGIN_NAME
 
 
@@ -91,20 +94,26 @@ def kinds(events: List[Dict[str, Any]]) -> List[str]:
     return [event["kind"] for event in events]
 
 
-def run_verifier(data_dir: Path) -> Tuple[Optional[bool], Dict[str, Any]]:
-    """Run shared/tools/verify_journal.py on a data dir.
-
-    Returns (True/False, report) or (None, {"reason": ...}) when the verifier
-    is not beside the repository."""
+def run_verifier(data_dir: Path) -> Tuple[bool, Dict[str, Any]]:
+    """Check a data dir independently of the plugin: ``tests/journal_reference.py``
+    always, and the workspace checker too where it exists (required when
+    CRASH_RECOVERY_REQUIRE_VERIFIER=1).  Returns (every check passed, report)."""
+    sys.path.insert(0, str(TESTS_DIR))
+    import journal_reference  # standard library only; never imports the plugin
+    reference = journal_reference.verify(str(data_dir))
+    report: Dict[str, Any] = {"reference_ok": reference.ok, "reference_errors": reference.errors}
     if not VERIFIER.exists():
-        return None, {"reason": f"verifier not found at {VERIFIER}"}
-    completed = subprocess.run([sys.executable, str(VERIFIER), str(data_dir)],
-                               capture_output=True, text=True, timeout=60)
+        report["workspace_checker"] = f"not found at {VERIFIER}"
+        required = os.environ.get(REQUIRE_VERIFIER_VARIABLE, "") == "1"
+        return reference.ok and not required, report
+    completed = subprocess.run([sys.executable, str(VERIFIER), "--allow-unknown-kinds",
+                                str(data_dir)], capture_output=True, text=True, timeout=60)
     try:
-        report = json.loads(completed.stdout)
+        report["workspace_checker"] = json.loads(completed.stdout)
     except ValueError:
-        report = {"stdout": completed.stdout[-2000:], "stderr": completed.stderr[-2000:]}
-    return completed.returncode == 0, report
+        report["workspace_checker"] = {"stdout": completed.stdout[-2000:],
+                                       "stderr": completed.stderr[-2000:]}
+    return reference.ok and completed.returncode == 0, report
 
 
 def operator_cli(data_dir: Path, *words: str) -> Tuple[int, Any]:

@@ -1,0 +1,332 @@
+"""Durable files beside the database: ``head.json``, the marker, and the
+helpers that make a file write survive a crash (docs/format.md §Files,
+§Checkpoint, §Append).
+
+* :func:`open_regular_file` / :func:`read_regular_file`: the journal's own
+  files are opened without following symlinks and without blocking, so a
+  symlink, FIFO, directory or device planted in the data directory refuses the
+  call -- it never hangs the host and never redirects a write;
+* :func:`write_atomically`: temp write, fsync, ``os.replace``, directory fsync;
+* :class:`DurableFiles`: ``head.json`` and ``initialized`` of one data
+  directory, checked against a verified chain summary and rewritten by appends;
+* the boundary hook: the test seam crash tests use to kill a process at each
+  durable step.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import stat
+from typing import Any, Callable, Optional
+
+from .errors import IntegrityError, JournalUnavailable, short
+from .record import (CHECKPOINT_NAME, MARKER_NAME, canonical_text, checkpoint_shape_problem,
+                     is_uuid, marker_text)
+
+# Fixed name: a temp file left by a killed writer is truncated and reused by the
+# next append instead of accumulating.
+CHECKPOINT_TEMP_NAME = "head.json.tmp"
+_SAFE_OPEN_FLAGS = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+# head.json and the marker are ~200 bytes; anything near this size is not ours.
+OWN_FILE_READ_LIMIT = 65536
+
+# Boundary kinds of journal creation (the others are event kinds).
+BOUNDARY_KIND_GENESIS = "genesis"
+BOUNDARY_KIND_MARKER = "marker"
+
+_boundary_hook: Optional[Callable[[str, str], None]] = None
+
+
+def set_boundary_hook(hook: Optional[Callable[[str, str], None]]) -> None:
+    """Test seam: call ``hook(boundary, kind)`` at each durable boundary.
+
+    Boundaries of an append: ``begin``, ``inserted``, ``checkpoint_written``,
+    ``checkpoint_fsynced``, ``checkpoint_replaced``, ``directory_fsynced``,
+    ``committed``; ``kind`` is the event kind being appended.  The guard adds
+    ``downstream_returned`` (kind ``started``).  Creating a journal announces
+    ``tables_committed`` and the checkpoint_* boundaries of the first
+    ``head.json`` with kind ``genesis``, then those of the marker with kind
+    ``marker``.  Crash tests install a hook that SIGKILLs the process;
+    production never sets one.
+    """
+    global _boundary_hook
+    _boundary_hook = hook
+
+
+def reach_boundary(boundary: str, kind: str) -> None:
+    """Announce a durable boundary to the test hook, if one is installed."""
+    if _boundary_hook is not None:
+        _boundary_hook(boundary, kind)
+
+
+# ----------------------------------------------------------- file helpers --
+
+def open_regular_file(path: str, flags: int, mode: int = 0o644) -> int:
+    """``os.open`` for the journal's own files: refuses a symlink (ELOOP) and a
+    FIFO, directory or device (EINVAL) with ``OSError``; never blocks."""
+    descriptor = os.open(path, flags | _SAFE_OPEN_FLAGS, mode)
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+        os.close(descriptor)
+        raise OSError(errno.EINVAL, "not a regular file", path)
+    return descriptor
+
+
+def read_regular_file(path: str, limit: int = OWN_FILE_READ_LIMIT) -> bytes:
+    """Up to ``limit`` + 1 bytes of a regular file (one more than allowed, so a
+    caller can tell "too large").  Raises ``FileNotFoundError`` when absent and
+    ``OSError`` as :func:`open_regular_file` does."""
+    descriptor = open_regular_file(path, os.O_RDONLY)
+    try:
+        chunks, remaining = [], limit + 1
+        while remaining > 0:
+            chunk = os.read(descriptor, remaining)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            remaining -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(descriptor)
+
+
+def file_state(path: str) -> Optional[tuple]:
+    """``(device, inode, size, mtime_ns, ctime_ns)`` of a file, None when absent."""
+    try:
+        found = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (found.st_dev, found.st_ino, found.st_size, found.st_mtime_ns, found.st_ctime_ns)
+
+
+def file_size(path: str) -> int:
+    """Size in bytes, or -1 when the file does not exist or cannot be stat'ed."""
+    try:
+        state = file_state(path)
+    except OSError:
+        return -1
+    return -1 if state is None else state[2]
+
+
+def fsync_directory(path: str) -> None:
+    """Make a rename durable (POSIX); a no-op where directories cannot be opened."""
+    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+    try:
+        descriptor = os.open(path, flags)
+    except (PermissionError, IsADirectoryError):
+        return  # e.g. Windows: directory handles cannot be fsynced there
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def storage_error(exc: OSError, action: str) -> JournalUnavailable:
+    """An ``OSError`` as ``storage_unavailable``, naming the action and file."""
+    where = f" ({exc.filename})" if exc.filename else ""
+    return JournalUnavailable("storage_unavailable", f"{action}: {exc.strerror or exc}{where}")
+
+
+def write_atomically(target: str, content: bytes, temp_path: str, *, announce: str = "") -> None:
+    """Temp write, fsync, ``os.replace`` over ``target``, directory fsync
+    (docs/format.md §Append step 3).  Raises :class:`JournalUnavailable`
+    ``storage_unavailable``; announces boundaries when ``announce`` names a kind."""
+    directory = os.path.dirname(target)
+    replaced = False
+    try:
+        # Whatever sits at the temp path (a killed writer's leftover, or a
+        # planted symlink/FIFO) is removed, never written through.
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp_path)
+        descriptor = os.open(temp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _SAFE_OPEN_FLAGS,
+                             0o644)
+        try:
+            view = memoryview(content)
+            while view:
+                view = view[os.write(descriptor, view):]
+            if announce:
+                reach_boundary("checkpoint_written", announce)
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+        if announce:
+            reach_boundary("checkpoint_fsynced", announce)
+        os.replace(temp_path, target)
+        replaced = True
+        if announce:
+            reach_boundary("checkpoint_replaced", announce)
+        fsync_directory(directory)
+        if announce:
+            reach_boundary("directory_fsynced", announce)
+    except OSError as exc:
+        if not replaced:
+            with contextlib.suppress(OSError):
+                os.unlink(temp_path)
+        raise storage_error(exc, f"writing {os.path.basename(target)}") from None
+
+
+# ------------------------------------------------------ head.json and marker --
+
+class DurableFiles:
+    """``head.json`` and ``initialized`` of one data directory.
+
+    Checks compare the files with a verified chain summary (``journal_id``,
+    ``schema``, ``count``, ``head``) and raise :class:`IntegrityError` with the
+    verdict code of docs/cli.md §Verdict codes.  A file whose state (inode,
+    size, times) is unchanged since it was last read with the expected content
+    is not read again.
+    """
+
+    def __init__(self, data_dir: str):
+        self.data_dir = data_dir
+        self.checkpoint_path = os.path.join(data_dir, CHECKPOINT_NAME)
+        self.marker_path = os.path.join(data_dir, MARKER_NAME)
+        self.temp_path = os.path.join(data_dir, CHECKPOINT_TEMP_NAME)
+        # path -> (file state, exact content) as last read and found correct.
+        self._files_read: dict = {}
+        self._expected_checkpoint: tuple = (None, b"")
+
+    def forget(self) -> None:
+        """Drop every cached file state (the next check reads the files)."""
+        self._files_read = {}
+
+    def _unchanged_since_seen(self, path: str, expected: bytes) -> tuple:
+        """``(unchanged, state)``: ``unchanged`` when ``path`` still has the file
+        state it had when it was last read holding exactly ``expected`` -- then
+        it cannot hold anything else (any write changes size, mtime or ctime; a
+        replace changes the inode).  ``state`` is taken *before* a caller reads,
+        so a change during the read is seen next time."""
+        state = file_state(path)
+        return state is not None and self._files_read.get(path) == (state, expected), state
+
+    def check_marker_identity(self, journal_id: str) -> None:
+        """Before the chain is read: a marker naming another journal means the
+        metadata was changed (or the database swapped) -- not a broken link."""
+        try:
+            decoded = json.loads(read_regular_file(self.marker_path))
+        except (OSError, ValueError):
+            return  # missing or unreadable: check_marker names it after the chain
+        if (isinstance(decoded, dict) and is_uuid(decoded.get("journal_id"))
+                and decoded["journal_id"] != journal_id):
+            raise IntegrityError("identity_mismatch",
+                                 f"{MARKER_NAME} names journal {decoded['journal_id']} but the "
+                                 f"database metadata names {journal_id}")
+
+    def _differing_content(self, path: str, expected: bytes,
+                           missing: Optional[IntegrityError]) -> Optional[bytes]:
+        """The bytes of ``path`` when they differ from ``expected``; None when the
+        file holds exactly ``expected`` (remembered by file state) or is absent
+        and ``missing`` is None.  Raises ``missing`` for an absent file and
+        ``storage_unavailable`` for an unreadable one."""
+        unchanged, state = self._unchanged_since_seen(path, expected)
+        if unchanged:
+            return None
+        try:
+            found = read_regular_file(path)
+        except FileNotFoundError:
+            if missing is None:
+                return None
+            raise missing from None
+        except OSError as exc:
+            raise storage_error(exc, f"reading {os.path.basename(path)}") from None
+        if found == expected:
+            self._files_read[path] = (state, expected)
+            return None
+        return found
+
+    def check_marker(self, journal_id: str, schema: str, count: int, *,
+                     creation_interrupted: bool = False) -> None:
+        """The marker must hold exactly :func:`record.marker_text`.
+        ``creation_interrupted``: an empty journal whose creator died before
+        writing it -- its absence is then not an error."""
+        missing = None if creation_interrupted else IntegrityError(
+            "marker_missing", f"{MARKER_NAME} is missing beside a journal with {count} events")
+        found = self._differing_content(self.marker_path,
+                                        marker_text(journal_id, schema).encode("utf-8"), missing)
+        if found is None:
+            return
+        try:
+            decoded = json.loads(found)
+        except ValueError:
+            decoded = None
+        if isinstance(decoded, dict) and decoded.get("journal_id") not in (None, journal_id):
+            raise IntegrityError("identity_mismatch",
+                                 f"{MARKER_NAME} names journal "
+                                 f"{short(str(decoded.get('journal_id')))} but the database is "
+                                 f"journal {journal_id}")
+        raise IntegrityError("marker_corrupt", f"{MARKER_NAME} does not match the journal metadata")
+
+    def check_checkpoint(self, expected: dict, *, creation_interrupted: bool = False) -> None:
+        """``head.json`` must equal ``expected`` (the journal summary) exactly."""
+        key = (expected["journal_id"], expected["count"], expected["head"])
+        if self._expected_checkpoint[0] != key:  # encode once per chain state
+            self._expected_checkpoint = (key, canonical_text(expected).encode("utf-8"))
+        missing = None if creation_interrupted else IntegrityError(
+            "checkpoint_missing", f"{CHECKPOINT_NAME} is missing")
+        found = self._differing_content(self.checkpoint_path, self._expected_checkpoint[1],
+                                        missing)
+        if found is not None:
+            compare_checkpoint(found, expected)
+
+    def read_checkpoint(self) -> Any:
+        """The decoded ``head.json`` (raises ``OSError``/``ValueError``)."""
+        return json.loads(read_regular_file(self.checkpoint_path))
+
+    def write_checkpoint(self, checkpoint: dict, *, announce: str) -> None:
+        """Replace ``head.json`` durably with ``checkpoint``."""
+        content = canonical_text(checkpoint).encode("utf-8")
+        write_atomically(self.checkpoint_path, content, self.temp_path, announce=announce)
+
+    def write_marker(self, journal_id: str, schema: str, *, announce: str) -> None:
+        """Write the ``initialized`` marker durably."""
+        write_atomically(self.marker_path, marker_text(journal_id, schema).encode("utf-8"),
+                         self.marker_path + ".tmp", announce=announce)
+
+
+def compare_checkpoint(found: bytes, expected: dict) -> None:
+    """Raise the verdict for ``head.json`` bytes that differ from ``expected``
+    (or return when they are JSON-equal: written by another tool, say with a
+    trailing newline)."""
+    if len(found) > OWN_FILE_READ_LIMIT:
+        raise IntegrityError("checkpoint_corrupt",
+                             f"{CHECKPOINT_NAME} is larger than {OWN_FILE_READ_LIMIT} bytes")
+    if not found.strip():
+        raise IntegrityError("checkpoint_empty", f"{CHECKPOINT_NAME} is empty")
+    try:
+        checkpoint = json.loads(found)
+    except ValueError:
+        raise IntegrityError("checkpoint_corrupt", f"{CHECKPOINT_NAME} is not JSON") from None
+    problem = checkpoint_shape_problem(checkpoint)
+    if problem:
+        raise IntegrityError("checkpoint_corrupt", f"{CHECKPOINT_NAME}: {problem}")
+    count = expected["count"]
+    details = {"checkpoint_count": checkpoint["count"], "journal_count": count}
+    if checkpoint["journal_id"] != expected["journal_id"]:
+        raise IntegrityError("checkpoint_foreign",
+                             f"{CHECKPOINT_NAME} belongs to journal {checkpoint['journal_id']}, "
+                             f"not {expected['journal_id']}")
+    if checkpoint["schema"] != expected["schema"]:
+        raise IntegrityError("schema_mismatch", f"{CHECKPOINT_NAME} has schema "
+                             f"{short(repr(checkpoint['schema']))}")
+    if checkpoint["count"] == count + 1:
+        raise IntegrityError("checkpoint_ahead",
+                             f"{CHECKPOINT_NAME} is one event ahead of the database (a crash "
+                             "between os.replace and COMMIT, or the last event was deleted)",
+                             **details)
+    if checkpoint["count"] > count:
+        raise IntegrityError("journal_rolled_back",
+                             f"the database holds {count} events but {CHECKPOINT_NAME} "
+                             f"anchors {checkpoint['count']}: events were deleted or an older "
+                             "copy was restored", **details)
+    if checkpoint["count"] < count:
+        raise IntegrityError("checkpoint_behind",
+                             f"the database holds {count} events but {CHECKPOINT_NAME} "
+                             f"anchors only {checkpoint['count']}: unanchored events or an "
+                             "older checkpoint", **details)
+    if checkpoint["head"] != expected["head"]:
+        raise IntegrityError("checkpoint_mismatch",
+                             f"{CHECKPOINT_NAME} head differs from the journal head at "
+                             f"count {count}: history was rewritten", **details)
+    if checkpoint != expected:
+        raise IntegrityError("checkpoint_corrupt", f"{CHECKPOINT_NAME} has extra content")

@@ -1,0 +1,41 @@
+"""Run the plugin's files as scripts from a checkout (``python operator_cli.py``).
+
+Every module of crash-recovery uses relative imports: inside Hermes the
+directory is the package ``hermes_plugins.crash_recovery``, after ``pip
+install`` it is ``crash_recovery``.  A file run directly from a checkout has no
+package, so the scripts call :func:`load_package` first: it imports this
+directory as the package ``crash_recovery`` (whatever the directory is called,
+e.g. ``crash-recovery``) and returns it.  Standard library only; imports
+nothing of ours.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from types import ModuleType
+
+PACKAGE_NAME = "crash_recovery"
+DIRECTORY = os.path.dirname(os.path.abspath(__file__))
+
+
+def load_package() -> ModuleType:
+    """This checkout as the package ``crash_recovery`` (loaded once; an
+    installed copy of the same name is never used instead)."""
+    loaded = sys.modules.get(PACKAGE_NAME)
+    if loaded is not None and list(getattr(loaded, "__path__", ())) == [DIRECTORY]:
+        return loaded
+    spec = importlib.util.spec_from_file_location(
+        PACKAGE_NAME, os.path.join(DIRECTORY, "__init__.py"),
+        submodule_search_locations=[DIRECTORY])
+    package = importlib.util.module_from_spec(spec)
+    sys.modules[PACKAGE_NAME] = package
+    spec.loader.exec_module(package)
+    return package
+
+
+def load_module(name: str) -> ModuleType:
+    """``crash_recovery.<name>`` from this checkout, e.g. ``load_module("guard")``."""
+    load_package()
+    return importlib.import_module(f"{PACKAGE_NAME}.{name}")
