@@ -1,21 +1,22 @@
 """crash-recovery: a Hermes Agent plugin that journals protected tool calls before
 they run and refuses further ones while an earlier outcome is unknown.
 
-``register(ctx)`` (docs/guard.md §Inside Hermes) only calls ``ctx.register_*`` (and reads nothing from
-disk): the data directory, the settings and the journal are resolved at the
-first tool call, so registration works against Hermes' validation stub and
-never touches the profile.
+``register(ctx)`` (docs/guard.md §Inside Hermes) only calls ``ctx.register_*``
+and reads nothing: the data directory, the settings and the journal are
+resolved at the first tool call, so registration works against Hermes'
+validation stub and never touches the profile.
 """
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
+from . import host
 from .guard import RecoveryGuard
+from .operator_cli import hermes_command_handler, setup_hermes_command
 
-PLUGIN_NAME = "crash-recovery"
-SETTINGS_KEY = "read_only_tools"
+PLUGIN_NAME = host.PLUGIN_NAME
 TOOLSET = "crash_recovery"
+COMMAND_NAME = "crash-recovery"
 
 STATUS_SCHEMA = {
     "name": "crash_recovery_status",
@@ -38,46 +39,26 @@ VERIFY_SCHEMA = {
 }
 
 
-def resolve_data_dir() -> Path:
-    """The profile's data directory (docs/guard.md §Inside Hermes): the host's
-    ``plugins.plugin_storage.plugin_data_dir`` where it exists (Hermes >= 0.20),
-    else ``<HERMES_HOME>/plugin-data/crash-recovery`` from ``get_hermes_home()``.
-    Raises ``ImportError`` outside Hermes."""
-    try:
-        from plugins.plugin_storage import plugin_data_dir  # type: ignore[import-not-found]
-    except ImportError:
-        from hermes_constants import get_hermes_home  # type: ignore[import-not-found]
-        return Path(get_hermes_home()) / "plugin-data" / PLUGIN_NAME
-    return Path(plugin_data_dir(PLUGIN_NAME))
-
-
-def settings_reader(ctx: Any) -> Callable[[], Any]:
-    """A zero-argument reader of ``read_only_tools`` (docs/guard.md §Settings, §Inside Hermes): through
-    ``ctx.get_config`` where the host has it, else from the profile's
-    ``config.yaml`` via the host's raw config loader.  None means "not set"."""
-    get_config: Optional[Callable] = getattr(ctx, "get_config", None)
-
-    def read() -> Any:
-        if callable(get_config):
-            return get_config(SETTINGS_KEY, None)
-        from hermes_cli.config import read_raw_config  # type: ignore[import-not-found]
-        config = read_raw_config() or {}
-        entry = (((config.get("plugins") or {}).get("entries") or {}).get(PLUGIN_NAME) or {})
-        for subtree in ("settings", "config"):  # "config" is the legacy spelling
-            section = entry.get(subtree)
-            if isinstance(section, dict) and SETTINGS_KEY in section:
-                return section[SETTINGS_KEY]
-        return None
-
-    return read
-
-
 def register(ctx: Any) -> None:
     """Hermes entry point: the ``tool_execution`` middleware, the
-    ``pre_tool_call`` hook and the two read-only inspection tools (docs/guard.md §Inside Hermes, §Inspection tools)."""
-    guard = RecoveryGuard(resolve_data_dir, read_only_tools=settings_reader(ctx))
+    ``pre_tool_call`` hook, the two read-only inspection tools, and -- where the
+    host has them -- ``hermes crash-recovery ...`` and ``/crash-recovery``."""
+    guard = RecoveryGuard(host.resolve_data_dir, settings=host.settings_reader(ctx),
+                          command_prefix=host.command_prefix)
     ctx.register_middleware("tool_execution", guard.tool_execution)
     ctx.register_hook("pre_tool_call", guard.pre_tool_call)
     for schema, handler in ((STATUS_SCHEMA, guard.status_tool), (VERIFY_SCHEMA, guard.verify_tool)):
         ctx.register_tool(name=schema["name"], toolset=TOOLSET, schema=schema, handler=handler,
                           description=schema["description"])
+    register_cli_command = getattr(ctx, "register_cli_command", None)
+    if callable(register_cli_command):
+        register_cli_command(COMMAND_NAME, "Inspect and settle the crash-recovery journal",
+                             setup_hermes_command,
+                             hermes_command_handler(host.resolve_data_dir, host.command_prefix),
+                             description="The operator commands of docs/cli.md, on the active "
+                                         "profile's data directory (respects -p / HERMES_HOME).")
+    register_command = getattr(ctx, "register_command", None)
+    if callable(register_command):
+        register_command(COMMAND_NAME, host.slash_command(guard.status_report),
+                         description="crash-recovery status: gate, unresolved operations, the "
+                                     "command that settles each (read-only)")

@@ -12,8 +12,10 @@ journal (docs/cli.md §operator.log).
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import os
+import socket
 import time
 import uuid
 from typing import Any, Optional
@@ -52,6 +54,8 @@ ERROR_HINTS = {
                              "integrity failure needs investigation (restore from backup, compare "
                              "with an exported checkpoint using `verify --checkpoint FILE`)",
     "database_locked": "a worker holds the journal's writer lock; retry in a moment",
+    "nothing_to_acknowledge": "`status` lists the late outcomes that need acknowledging",
+    "read_access_only": "run the command as the user the workers run as, or stop the workers",
 }
 
 
@@ -138,18 +142,33 @@ def read_operator_log(data_dir: str) -> list:
     return entries
 
 
-def _lost_event(unresolved: tuple) -> str:
-    """What the uncommitted event dropped by ``repair-checkpoint`` can have been.
+def operator_identity() -> dict:
+    """Who runs this command: ``{"user", "uid", "host"}`` (recorded with every
+    resolution, acknowledgement and repair)."""
+    try:
+        user = getpass.getuser()
+    except Exception:  # no name for this uid (a container): the uid still says who
+        user = None
+    return {"user": user, "uid": os.getuid() if hasattr(os, "getuid") else None,
+            "host": socket.gethostname()}
 
-    Admission refuses while any operation is open, so with none open the lost
-    event can only be a ``started`` (its tool never ran: downstream starts after
-    COMMIT); with one open it was that operation's outcome or resolution, and
-    the operation stays open and blocking."""
-    if not unresolved:
-        return ("most likely a started event whose tool never ran (a crash before its commit: "
-                "downstream starts only after it). A committed event deleted on purpose, or a "
-                "database restored from a copy one event old, looks the same: if that is "
-                "possible, check the real service for a call at that time")
+
+def _log_action(data_dir: str, action: str, result: dict, **entry: Any) -> None:
+    """Append one ``operator.log`` line (docs/cli.md §operator.log); a failure
+    is reported in ``result`` (the journal event is the source of truth)."""
+    problem = _append_operator_log(data_dir, {
+        "time": report.iso_utc(time.time_ns()), "action": action,
+        "operator": operator_identity(), **entry})
+    if problem:
+        result["operator_log_error"] = problem
+
+
+def _lost_event(unresolved: tuple, lost: Optional[str]) -> str:
+    """What the event dropped by ``repair-checkpoint`` can have been."""
+    if lost is not None:
+        return (f"possibly a started event whose tool ran: it is back as operation {lost} "
+                "(tool unknown, uncertain, reason lost_in_crash). Check the real service for a "
+                "call at the time of checkpoint_before, then resolve it like any other")
     return (f"an outcome or resolution of operation {unresolved[0].operation_id} "
             f"({unresolved[0].tool}); it stays {unresolved[0].state} and keeps blocking until "
             "an operator resolves it")
@@ -158,9 +177,9 @@ def _lost_event(unresolved: tuple) -> str:
 # ----------------------------------------------------------------- commands --
 
 def command_status(args: argparse.Namespace, data_dir: str) -> dict:
-    """``status``: integrity plus every unresolved operation (exit 0 even when
-    some are open).  No journal at all is exit 1 ``journal_absent``: a mistyped
-    --data-dir must never read as "nothing is blocked"."""
+    """``status``: integrity, the gate, every unresolved operation and every
+    late outcome needing attention (docs/cli.md §status).  No journal at all is
+    ``journal_absent``: a mistyped --data-dir must never read as all clear."""
     with Journal(data_dir, readonly=True) as journal:
         result = report.status_report(journal, data_dir)
     if not result["ok"]:
@@ -179,21 +198,27 @@ def command_show(args: argparse.Namespace, data_dir: str) -> dict:
         history = [dict(payload, seq=seq) for seq, payload in events]
     if not history:
         raise CommandError("unknown_operation", f"no operation {operation_id} in this journal")
-    open_operation = next((operation for operation in status.unresolved
-                           if operation.operation_id == operation_id), None)
-    if open_operation is not None:
-        operation = report.operation_view(open_operation, data_dir)
+    shown = {operation.operation_id: operation for operation in (*status.unresolved,
+                                                                  *status.attention)}
+    if operation_id in shown:
+        operation = report.operation_view(shown[operation_id], data_dir,
+                                          with_owner=operation_id not in
+                                          {op.operation_id for op in status.attention})
     else:
         started, last = history[0], history[-1]
-        reason = next((event.get("reason") for event in reversed(history) if "reason" in event),
-                      None)
-        operation = {"operation_id": operation_id, "state": last["kind"], "tool": started.get("tool"),
-                     "session_id": started.get("session_id"),
+        closing = [event for event in history if event["kind"] in ("returned", "resolved")]
+        operation = {"operation_id": operation_id,
+                     "state": closing[-1]["kind"] if closing else last["kind"],
+                     "tool": started.get("tool"), "session_id": started.get("session_id"),
                      "tool_call_id": started.get("tool_call_id"),
                      "args_hash": started.get("args_hash"),
                      "fingerprint": started.get("fingerprint"),
                      "started_at": report.iso_utc(started["timestamp_ns"]),
-                     "reason": reason, "outcome": last.get("outcome"), "owner": None}
+                     "reason": next((event.get("reason") for event in reversed(history)
+                                     if event["kind"] in ("returned", "uncertain")), None),
+                     "outcome": next((event.get("outcome") for event in reversed(history)
+                                      if event["kind"] == "resolved"), None),
+                     "owner": None}
     for event in history:
         event["at"] = report.iso_utc(event["timestamp_ns"])
     return {"ok": True, "integrity": "ok", "data_dir": data_dir, "operation": operation,
@@ -202,21 +227,29 @@ def command_show(args: argparse.Namespace, data_dir: str) -> dict:
 
 def command_log(args: argparse.Namespace, data_dir: str) -> dict:
     """``log [--since SEQ] [--jsonl]``: a verified export of events with seq >
-    SINCE.  With ``--jsonl`` the events stay a lazy iterator that :func:`main`
-    prints line by line (the journal stays open until then), so a long journal
-    is streamed rather than held in memory."""
+    SINCE.  ``events`` is a lazy iterator that the caller prints as it goes
+    (the journal stays open until then): constant memory for any length."""
     journal = Journal(data_dir, readonly=True)
-    status, events = journal.history(since=args.since)
-    exported = (dict(payload, seq=seq) for seq, payload in events)
-    if not args.jsonl:
-        exported = list(exported)
+    try:
+        status, events = journal.history(since=args.since)
+    except BaseException:
         journal.close()
+        raise
+
+    def exported():
+        try:
+            for seq, payload in events:
+                yield dict(payload, seq=seq)
+        finally:
+            journal.close()
+
     return {"ok": True, "integrity": "ok", "data_dir": data_dir, "checkpoint": status.checkpoint,
-            "events": exported}
+            "events": exported()}
 
 
 def command_verify(args: argparse.Namespace, data_dir: str) -> dict:
-    """``verify [--checkpoint FILE]``: full verification, optional ancestor check, past repairs."""
+    """``verify [--checkpoint FILE]``: full verification, optional ancestor
+    check, past repairs."""
     external = _read_checkpoint_file(args.checkpoint) if args.checkpoint is not None else None
     with Journal(data_dir, readonly=True, create=False) as journal:
         status = journal.verify(external)
@@ -224,6 +257,7 @@ def command_verify(args: argparse.Namespace, data_dir: str) -> dict:
                if entry.get("action") == "repair-checkpoint"]
     return {"ok": True, "integrity": "ok", "data_dir": data_dir, "checkpoint": status.checkpoint,
             "count": status.checkpoint["count"], "unresolved_count": len(status.unresolved),
+            "attention_count": len(status.attention),
             "external_checkpoint": "ancestor" if external is not None else None,
             "repairs": repairs}
 
@@ -245,44 +279,59 @@ def command_resolve(args: argparse.Namespace, data_dir: str) -> dict:
             f"the worker that started {operation_id} still runs (pid {owner['pid']}); its "
             "outcome is not final yet. Stop every worker of this profile first, or pass "
             "--force with evidence that says why", owner=owner)
+    forced = bool(args.force and owner["owner"] == OWNER_RUNNING)
     with Journal(data_dir, create=False) as journal:
-        before = journal.checkpoint()
-        previous = journal.resolve(operation_id, outcome=args.outcome, evidence=evidence)
-        after = journal.checkpoint()
+        resolution = journal.resolve(operation_id, outcome=args.outcome, evidence=evidence,
+                                     operator=operator_identity(), forced=forced)
+    previous = resolution.operation
     result = {"ok": True, "integrity": "ok", "data_dir": data_dir, "resolved": operation_id,
               "outcome": args.outcome, "previous_state": previous.state, "tool": previous.tool,
-              "checkpoint": after, "forced": bool(args.force and owner["owner"] == OWNER_RUNNING)}
-    problem = _append_operator_log(data_dir, {
-        "time": report.iso_utc(time.time_ns()), "action": "resolve", "operation_id": operation_id,
-        "outcome": args.outcome, "evidence": evidence, "forced": result["forced"],
-        "owner": owner["owner"], "checkpoint_before": before, "checkpoint_after": after})
-    if problem:
-        result["operator_log_error"] = problem
+              "checkpoint": resolution.checkpoint_after, "forced": forced}
+    _log_action(data_dir, "resolve", result, operation_id=operation_id, outcome=args.outcome,
+                evidence=evidence, forced=forced, owner=owner["owner"],
+                checkpoint_before=resolution.checkpoint_before,
+                checkpoint_after=resolution.checkpoint_after)
+    return result
+
+
+def command_acknowledge(args: argparse.Namespace, data_dir: str) -> dict:
+    """``acknowledge OP``: an operator has seen a late outcome (docs/cli.md
+    §acknowledge); the operation stops needing attention."""
+    operation_id = _operation_id(args.operation_id)
+    evidence = _evidence(args.evidence)
+    with Journal(data_dir, create=False) as journal:
+        resolution = journal.acknowledge(operation_id, evidence=evidence,
+                                         operator=operator_identity())
+    result = {"ok": True, "integrity": "ok", "data_dir": data_dir, "acknowledged": operation_id,
+              "late_reason": resolution.operation.late_reason, "tool": resolution.operation.tool,
+              "checkpoint": resolution.checkpoint_after}
+    _log_action(data_dir, "acknowledge", result, operation_id=operation_id, evidence=evidence,
+                late_reason=resolution.operation.late_reason,
+                checkpoint_before=resolution.checkpoint_before,
+                checkpoint_after=resolution.checkpoint_after)
     return result
 
 
 def command_repair(args: argparse.Namespace, data_dir: str) -> dict:
-    """``repair-checkpoint``: re-anchor head.json in the checkpoint_ahead state only."""
+    """``repair-checkpoint``: clear checkpoint_ahead, never opening the gate
+    for an operation whose tool may have run."""
     evidence = _evidence(args.evidence)
     with Journal(data_dir, create=False) as journal:
-        before, after = journal.repair_checkpoint()
+        before, after, lost = journal.repair_checkpoint()
         unresolved = journal.status().unresolved
-    lost_event = _lost_event(unresolved)
-    problem = _append_operator_log(data_dir, {
-        "time": report.iso_utc(time.time_ns()), "action": "repair-checkpoint",
-        "evidence": evidence, "checkpoint_before": before, "checkpoint_after": after,
-        "lost_event": lost_event})
+    lost_event = _lost_event(unresolved, lost)
     result = {"ok": True, "integrity": "ok", "data_dir": data_dir, "repaired": CHECKPOINT_NAME,
               "checkpoint_before": before, "checkpoint_after": after, "lost_event": lost_event,
+              "lost_operation": lost,
               "unresolved": [report.operation_view(operation, data_dir)
                              for operation in unresolved]}
-    if problem:
-        result["operator_log_error"] = problem
+    _log_action(data_dir, "repair-checkpoint", result, evidence=evidence,
+                checkpoint_before=before, checkpoint_after=after, lost_event=lost_event,
+                lost_operation=lost)
     return result
 
 
 COMMANDS = {"status": command_status, "show": command_show, "log": command_log,
             "verify": command_verify, "checkpoint": command_checkpoint,
-            "resolve": command_resolve, "repair-checkpoint": command_repair}
-
-
+            "resolve": command_resolve, "acknowledge": command_acknowledge,
+            "repair-checkpoint": command_repair}

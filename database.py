@@ -23,6 +23,7 @@ from typing import Optional
 
 from .durable import (file_size, file_state, read_regular_file, reach_boundary, storage_error,
                       BOUNDARY_KIND_GENESIS)
+from . import forksafe
 from .errors import IntegrityError, JournalError, JournalUnavailable, short
 from .record import (CHECKPOINT_NAME, DATABASE_NAME, MARKER_NAME, SCHEMA, SHM_SUFFIX, WAL_SUFFIX,
                      is_uuid)
@@ -39,16 +40,77 @@ SQLITE_FILE_HEADER = b"SQLite format 3\x00"
 SQL_CREATE_METADATA = "CREATE TABLE metadata(key TEXT PRIMARY KEY, value TEXT NOT NULL)"
 SQL_CREATE_EVENTS = ("CREATE TABLE events(seq INTEGER PRIMARY KEY, payload TEXT NOT NULL, "
                      "previous TEXT NOT NULL, hash TEXT NOT NULL)")
+_APPEND_ONLY = "SELECT RAISE(ABORT, 'crash-recovery: the journal is append-only'); END"
+# Append-only enforcement (docs/format.md §Tables): no row of either table can be
+# changed or removed through SQLite, and events can only be added at the end.
+# Removing a trigger changes the schema cookie, which every process notices.
+TRIGGERS = {
+    "events_append_only": ("CREATE TRIGGER events_append_only BEFORE INSERT ON events WHEN "
+                           "NEW.seq IS NOT (SELECT coalesce(max(seq), 0) + 1 FROM events) BEGIN "
+                           + _APPEND_ONLY),
+    "events_no_update": "CREATE TRIGGER events_no_update BEFORE UPDATE ON events BEGIN " + _APPEND_ONLY,
+    "events_no_delete": "CREATE TRIGGER events_no_delete BEFORE DELETE ON events BEGIN " + _APPEND_ONLY,
+    "metadata_no_insert": ("CREATE TRIGGER metadata_no_insert BEFORE INSERT ON metadata BEGIN "
+                           + _APPEND_ONLY),
+    "metadata_no_update": ("CREATE TRIGGER metadata_no_update BEFORE UPDATE ON metadata BEGIN "
+                           + _APPEND_ONLY),
+    "metadata_no_delete": ("CREATE TRIGGER metadata_no_delete BEFORE DELETE ON metadata BEGIN "
+                           + _APPEND_ONLY),
+}
+# The schema objects a journal consists of: (type, name) -> SQL (None: SQLite's own index).
+SCHEMA_OBJECTS = {("table", "metadata"): SQL_CREATE_METADATA,
+                  ("table", "events"): SQL_CREATE_EVENTS,
+                  ("index", "sqlite_autoindex_metadata_1"): None,
+                  **{("trigger", name): sql for name, sql in TRIGGERS.items()}}
 SQL_INSERT_METADATA = "INSERT INTO metadata(key, value) VALUES (?, ?)"
 SQL_SELECT_METADATA = "SELECT key, value FROM metadata"
 SQL_SELECT_TABLES = "SELECT name FROM sqlite_master WHERE type = 'table'"
-SQL_SELECT_EVENTS_AFTER = "SELECT seq, payload, previous, hash FROM events WHERE seq > ? ORDER BY seq"
+SQL_SELECT_SCHEMA = "SELECT type, name, sql FROM sqlite_master"
+# Rows for verification: the stored UTF-8 bytes of each text column, or NULL where
+# the stored value is not text (chain.extend_chain compares bytes: no decoding).
+SQL_SELECT_ROWS_AFTER = (
+    "SELECT seq, CASE WHEN typeof(payload) = 'text' THEN CAST(payload AS BLOB) END, "
+    "CASE WHEN typeof(previous) = 'text' THEN CAST(previous AS BLOB) END, "
+    "CASE WHEN typeof(hash) = 'text' THEN CAST(hash AS BLOB) END "
+    "FROM events WHERE seq > ? ORDER BY seq")
+SQL_SELECT_ROW = "SELECT payload, previous, hash FROM events WHERE seq = ?"
 SQL_SELECT_HASH_AT = "SELECT hash FROM events WHERE seq = ?"
+SQL_SELECT_PAYLOAD_AT = "SELECT payload FROM events WHERE seq = ?"
 SQL_SELECT_JOURNAL_ID = "SELECT value FROM metadata WHERE key = 'journal_id'"
 SQL_SELECT_EVENTS_BETWEEN = "SELECT seq, payload FROM events WHERE seq > ? AND seq <= ? ORDER BY seq"
 SQL_SELECT_OPERATION_EVENTS = ("SELECT seq, payload FROM events WHERE seq > ? AND seq <= ? "
                                "AND instr(payload, ?) > 0 ORDER BY seq")
 SQL_INSERT_EVENT = "INSERT INTO events(seq, payload, previous, hash) VALUES (?, ?, ?, ?)"
+
+
+def _normalized(sql: Optional[str]) -> Optional[str]:
+    return None if sql is None else " ".join(sql.split()).lower()
+
+
+def schema_problem(connection: sqlite3.Connection) -> Optional[tuple]:
+    """Check ``sqlite_master`` against :data:`SCHEMA_OBJECTS`.
+
+    Returns None when every object is ours and every trigger is present, or
+    ``("missing", names)`` when only append-only triggers are missing (a
+    journal from before they existed, or one whose triggers someone dropped).
+    Raises :class:`IntegrityError` ``foreign_schema_object`` for anything
+    else: a table, index, view or trigger the plugin did not create, or one of
+    its own objects altered.  ``sqlite3.Error`` propagates.
+    """
+    expected = {key: _normalized(sql) for key, sql in SCHEMA_OBJECTS.items()}
+    missing = set(expected)
+    for kind, name, sql in connection.execute(SQL_SELECT_SCHEMA):
+        key = (kind, name)
+        if key not in expected or expected[key] != _normalized(sql):
+            what = "altered" if key in expected else "not created by crash-recovery"
+            raise IntegrityError("foreign_schema_object",
+                                 f"{DATABASE_NAME} holds {kind} {short(repr(name))}, {what}; "
+                                 "every append could be silently changed by it",
+                                 object_type=kind, object_name=short(str(name)))
+        missing.discard(key)
+    if {key for key in missing if key[0] != "trigger"}:
+        return None  # a table is missing: read_genesis names it
+    return ("missing", sorted(name for _, name in missing)) if missing else None
 
 
 def translate_sqlite_error(exc: sqlite3.Error, action: str) -> JournalError:
@@ -95,10 +157,13 @@ def _forget_database(path: str) -> None:
 class Database:
     """One connection to ``journal.sqlite3`` in ``data_dir``.
 
-    ``readonly``: open with a ``mode=ro`` URI (never creates or writes).
+    ``readonly``: open with a ``mode=ro`` URI (never creates or writes); when
+    the directory is not writable and no worker has the journal open (no
+    ``-wal``/``-shm``), with ``immutable=1`` instead, since SQLite could not
+    create the ``-shm`` it needs (:attr:`immutable`).
     ``create``: a missing database may be created (else ``journal_absent``).
     Not thread-safe by itself: :class:`journal.Journal` serializes every use.
-    Methods raise only :class:`JournalError` subclasses.
+    Methods raise only :class:`JournalError` subclasses unless they say otherwise.
     """
 
     def __init__(self, data_dir: str, *, busy_timeout: float, readonly: bool, create: bool):
@@ -107,11 +172,23 @@ class Database:
         self.busy_timeout = busy_timeout
         self.readonly = readonly
         self.create = create
+        self.immutable = False
         self.connection: Optional[sqlite3.Connection] = None
         self._file_identity: Optional[tuple] = None
-        # (database, WAL) file states after this connection's last transaction;
-        # see refresh_if_touched.
+        # (device, inode) of the WAL this connection writes to; see check_wal.
+        self._wal_identity: Optional[tuple] = None
+        # (database, WAL) file states after this connection's last transaction.
         self._files_seen: Optional[tuple] = None
+        forksafe.register(self)
+
+    def _after_fork_in_child(self) -> None:
+        """A forked child never uses, closes or finalizes the parent's connection."""
+        if self.connection is not None:
+            forksafe.abandon(self.connection)
+        self.connection = None
+        self._files_seen = None
+        self._wal_identity = None
+        _OPEN_DATABASES.clear()  # the child holds no POSIX locks of its own
 
     # --------------------------------------------------------- opening --
 
@@ -156,7 +233,9 @@ class Database:
                     raise storage_error(exc, "creating the data directory") from None
         try:
             if self.readonly:
-                uri = "file:" + urllib.parse.quote(self.path) + "?mode=ro"
+                self.immutable = self._quiescent_and_unwritable()
+                uri = "file:" + urllib.parse.quote(self.path) + (
+                    "?mode=ro&immutable=1" if self.immutable else "?mode=ro")
                 connection = sqlite3.connect(uri, uri=True, timeout=self.busy_timeout,
                                              isolation_level=None, check_same_thread=False)
             else:
@@ -175,6 +254,8 @@ class Database:
                         f"SQLite answered journal_mode={mode!r} instead of 'wal' in "
                         f"{self.data_dir}; the journal needs WAL (a local filesystem)")
                 connection.execute("PRAGMA synchronous=FULL")
+                wal = file_state(self.path + WAL_SUFFIX)
+                self._wal_identity = None if wal is None else wal[:2]
             identity = os.stat(self.path)
         except sqlite3.Error as exc:
             connection.close()
@@ -188,9 +269,17 @@ class Database:
         self._file_identity = (identity.st_dev, identity.st_ino)
         return connection
 
+    def _quiescent_and_unwritable(self) -> bool:
+        """No connection anywhere has the journal open (SQLite keeps ``-wal`` and
+        ``-shm`` while one does), and this process may not create files here."""
+        return (not os.access(self.data_dir, os.W_OK)
+                and not os.path.lexists(self.path + WAL_SUFFIX)
+                and not os.path.lexists(self.path + SHM_SUFFIX))
+
     def close(self) -> None:
         """Close the connection (idempotent)."""
         self._files_seen = None
+        self._wal_identity = None
         if self.connection is not None:
             with contextlib.suppress(sqlite3.Error):
                 self.connection.close()
@@ -199,10 +288,11 @@ class Database:
 
     @staticmethod
     def _refuse_foreign_tables(connection: sqlite3.Connection) -> None:
-        """A database with tables but no journal tables is someone else's:
-        refuse it before ``journal_mode=WAL`` would rewrite its header."""
+        """A database with tables but neither journal table is someone else's:
+        refuse it before ``journal_mode=WAL`` would rewrite its header.  (One
+        with a journal table is a damaged journal: verification names it.)"""
         tables = {row[0] for row in connection.execute(SQL_SELECT_TABLES)}
-        if tables and not {"metadata", "events"} <= tables:
+        if tables and not {"metadata", "events"} & tables:
             raise IntegrityError("invalid_metadata",
                                  f"{DATABASE_NAME} holds tables {sorted(tables)[:10]} but not "
                                  "metadata/events: it is not a crash-recovery journal; nothing "
@@ -291,33 +381,28 @@ class Database:
 
     # ---------------------------------------------------- file identity --
 
+    def files_now(self) -> tuple:
+        """``(database state, WAL state)`` (see :func:`durable.file_state`)."""
+        return file_state(self.path), file_state(self.path + WAL_SUFFIX)
+
     def remember_files(self) -> None:
-        """Record the files as this connection's own transaction left them."""
-        self._files_seen = (file_state(self.path), file_state(self.path + WAL_SUFFIX))
+        """Record the files as this connection's own transaction left them.
+        Never raises: when the files cannot be read, the next use verifies all."""
+        try:
+            self._files_seen = self.files_now()
+        except OSError:
+            self._files_seen = None
 
-    def refresh_if_touched(self) -> bool:
-        """True when the files changed since this connection's last transaction;
-        every cached page is then dropped (the caller drops its verified chain).
-
-        ``PRAGMA data_version`` only sees commits made through SQLite; a raw edit
-        of the file, or an older copy restored in place, hides behind cached
-        pages -- and a later commit would write them back.  Another worker's
-        commit or checkpoint also lands here (a legitimate change, verified
-        again).  A WAL that vanished or was swapped while this connection is
-        open is refused (``wal_missing``): SQLite deletes it only when the last
-        connection closes, so someone removed it, and new commits would go to a
-        file nobody can read back.
-        """
-        if self._files_seen is None:
-            return False
-        database_state, wal_state = self._files_seen
-        wal_now = file_state(self.path + WAL_SUFFIX)
-        if wal_state is not None and (wal_now is None or wal_now[:2] != wal_state[:2]):
-            raise IntegrityError(
-                "wal_missing",
-                f"{DATABASE_NAME}{WAL_SUFFIX} was deleted or replaced while this worker had the "
-                "journal open; events it committed may exist only in the lost file")
-        if (file_state(self.path), wal_now) == self._files_seen:
+    def files_touched(self) -> bool:
+        """True when the database or WAL file changed since this connection's
+        last transaction (a commit of another connection, a checkpoint, or a
+        raw edit SQLite cannot see), or when that is unknown.  The page cache is
+        then dropped, so a following full verification reads the files."""
+        try:
+            unchanged = self._files_seen is not None and self.files_now() == self._files_seen
+        except OSError:
+            unchanged = False
+        if unchanged:
             return False
         # Empty the page cache without closing: a close could checkpoint the WAL
         # into the main file, and a refusal must change no file.
@@ -326,6 +411,27 @@ class Database:
         except sqlite3.Error as exc:
             raise translate_sqlite_error(exc, "dropping cached pages") from None
         return True
+
+    def check_wal(self) -> None:
+        """Refuse to write when the file at ``journal.sqlite3-wal`` is not the WAL
+        this connection writes to (``wal_missing``).
+
+        SQLite removes or replaces a WAL only when the last connection closes;
+        while this one is open that happens only if this process lost its POSIX
+        locks (another descriptor of the database was closed, docs/guard.md
+        §Child processes and in-process code) or someone deleted the file.
+        Commits would then land in a file nobody can read back.
+        """
+        if self._wal_identity is None:
+            wal = file_state(self.path + WAL_SUFFIX)
+            self._wal_identity = None if wal is None else wal[:2]
+            return
+        wal = file_state(self.path + WAL_SUFFIX)
+        if wal is None or wal[:2] != self._wal_identity:
+            raise IntegrityError(
+                "wal_missing",
+                f"{DATABASE_NAME}{WAL_SUFFIX} was deleted or replaced while this worker had the "
+                "journal open; events it committed may exist only in the lost file")
 
     def _check_file_identity(self) -> None:
         """Detect a database deleted or replaced under a live connection."""
@@ -344,9 +450,10 @@ class Database:
 
     def read_genesis(self, connection: sqlite3.Connection,
                      has_checkpoint_or_marker: bool) -> Optional[tuple]:
-        """``(journal_id, schema)`` from ``metadata``; None when the database has
-        no tables (a fresh file).  Raises :class:`IntegrityError` for foreign
-        state and ``sqlite3.Error`` (the caller translates)."""
+        """``(journal_id, schema, missing triggers)`` from ``metadata`` and
+        ``sqlite_master``; None when the database has no tables (a fresh file).
+        Raises :class:`IntegrityError` for foreign state and ``sqlite3.Error``
+        (the caller translates)."""
         tables = {row[0] for row in connection.execute(SQL_SELECT_TABLES)}
         if not tables:
             if has_checkpoint_or_marker:
@@ -355,6 +462,7 @@ class Database:
                     f"{DATABASE_NAME} is empty while the marker or checkpoint survives; "
                     "it is never re-created over surviving state", survivors=self.survivors())
             return None
+        problem = schema_problem(connection)  # a foreign object is named first
         if not {"metadata", "events"} <= tables:
             raise IntegrityError("invalid_metadata",
                                  f"tables {sorted(tables)} lack metadata/events")
@@ -367,18 +475,32 @@ class Database:
         if not is_uuid(journal_id):
             raise IntegrityError("invalid_metadata",
                                  f"metadata journal_id {short(repr(journal_id))} is not a UUID")
-        return journal_id, schema
+        return journal_id, schema, (problem[1] if problem else [])
 
     @staticmethod
-    def initialize(connection: sqlite3.Connection) -> str:
-        """Create tables and metadata inside the held writer lock, commit, and
-        take the lock again; returns the new journal id.  head.json and the
-        marker are written after it."""
-        journal_id = str(uuid.uuid4())
+    def create_schema(connection: sqlite3.Connection, journal_id: str) -> None:
+        """Tables, metadata and triggers of a new journal, inside the caller's
+        write transaction (docs/format.md §Tables, §Creation)."""
         connection.execute(SQL_CREATE_METADATA)
         connection.execute(SQL_CREATE_EVENTS)
         connection.execute(SQL_INSERT_METADATA, ("journal_id", journal_id))
         connection.execute(SQL_INSERT_METADATA, ("schema", SCHEMA))
+        for sql in TRIGGERS.values():
+            connection.execute(sql)
+
+    @staticmethod
+    def create_triggers(connection: sqlite3.Connection, names: list) -> None:
+        """(Re-)create the named append-only triggers inside the caller's write
+        transaction."""
+        for name in names:
+            connection.execute(TRIGGERS[name])
+
+    def initialize(self, connection: sqlite3.Connection) -> str:
+        """Create a fresh journal inside the held writer lock, commit, and take
+        the lock again; returns the new journal id.  head.json and the marker
+        are written after it."""
+        journal_id = str(uuid.uuid4())
+        self.create_schema(connection, journal_id)
         connection.execute("COMMIT")
         reach_boundary("tables_committed", BOUNDARY_KIND_GENESIS)
         connection.execute("BEGIN IMMEDIATE")

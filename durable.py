@@ -18,6 +18,7 @@ import contextlib
 import errno
 import json
 import os
+import secrets
 import stat
 from typing import Any, Callable, Optional
 
@@ -25,9 +26,9 @@ from .errors import IntegrityError, JournalUnavailable, short
 from .record import (CHECKPOINT_NAME, MARKER_NAME, canonical_text, checkpoint_shape_problem,
                      is_uuid, marker_text)
 
-# Fixed name: a temp file left by a killed writer is truncated and reused by the
-# next append instead of accumulating.
-CHECKPOINT_TEMP_NAME = "head.json.tmp"
+# Temporary files of an atomic replace are named <target>.<pid>-<random>.tmp, unique
+# per writer; the next writer removes any leftover (docs/format.md §Files).
+TEMP_SUFFIX = ".tmp"
 _SAFE_OPEN_FLAGS = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
 # head.json and the marker are ~200 bytes; anything near this size is not ours.
 OWN_FILE_READ_LIMIT = 65536
@@ -128,17 +129,22 @@ def storage_error(exc: OSError, action: str) -> JournalUnavailable:
     return JournalUnavailable("storage_unavailable", f"{action}: {exc.strerror or exc}{where}")
 
 
-def write_atomically(target: str, content: bytes, temp_path: str, *, announce: str = "") -> None:
+def temp_path_for(target: str) -> str:
+    """A temporary path beside ``target`` that no other writer uses."""
+    return f"{target}.{os.getpid()}-{secrets.token_hex(4)}{TEMP_SUFFIX}"
+
+
+def write_atomically(target: str, content: bytes, *, announce: str = "",
+                     on_replaced: Optional[Callable[[], None]] = None) -> None:
     """Temp write, fsync, ``os.replace`` over ``target``, directory fsync
-    (docs/format.md §Append step 3).  Raises :class:`JournalUnavailable`
-    ``storage_unavailable``; announces boundaries when ``announce`` names a kind."""
+    (docs/format.md §Append step 3).  ``on_replaced`` runs right after the
+    replace (so a caller knows ``target`` changed even if the directory fsync
+    then fails).  Raises :class:`JournalUnavailable` ``storage_unavailable``;
+    announces boundaries when ``announce`` names a kind."""
     directory = os.path.dirname(target)
+    temp_path = temp_path_for(target)
     replaced = False
     try:
-        # Whatever sits at the temp path (a killed writer's leftover, or a
-        # planted symlink/FIFO) is removed, never written through.
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp_path)
         descriptor = os.open(temp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _SAFE_OPEN_FLAGS,
                              0o644)
         try:
@@ -154,16 +160,38 @@ def write_atomically(target: str, content: bytes, temp_path: str, *, announce: s
             reach_boundary("checkpoint_fsynced", announce)
         os.replace(temp_path, target)
         replaced = True
+        if on_replaced is not None:
+            on_replaced()
         if announce:
             reach_boundary("checkpoint_replaced", announce)
         fsync_directory(directory)
         if announce:
             reach_boundary("directory_fsynced", announce)
-    except OSError as exc:
-        if not replaced:
+    except BaseException as exc:
+        if not replaced:  # whatever failed, this writer's temp file goes
             with contextlib.suppress(OSError):
                 os.unlink(temp_path)
-        raise storage_error(exc, f"writing {os.path.basename(target)}") from None
+        if isinstance(exc, OSError):
+            raise storage_error(exc, f"writing {os.path.basename(target)}") from None
+        raise
+
+
+def remove_stale_temp_files(data_dir: str, targets: tuple) -> list:
+    """Remove leftover temporary files of ``targets`` (names) in ``data_dir``;
+    returns the names removed.  Only call it holding the writer lock: every
+    writer of those files holds it, so any temp file present is a dead
+    writer's.  Never raises."""
+    removed = []
+    try:
+        names = os.listdir(data_dir)
+    except OSError:
+        return removed
+    for name in names:
+        if name.endswith(TEMP_SUFFIX) and any(name.startswith(target + ".") for target in targets):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(data_dir, name))
+                removed.append(name)
+    return removed
 
 
 # ------------------------------------------------------ head.json and marker --
@@ -182,7 +210,8 @@ class DurableFiles:
         self.data_dir = data_dir
         self.checkpoint_path = os.path.join(data_dir, CHECKPOINT_NAME)
         self.marker_path = os.path.join(data_dir, MARKER_NAME)
-        self.temp_path = os.path.join(data_dir, CHECKPOINT_TEMP_NAME)
+        # True once this writer's current transaction replaced head.json.
+        self.checkpoint_replaced = False
         # path -> (file state, exact content) as last read and found correct.
         self._files_read: dict = {}
         self._expected_checkpoint: tuple = (None, b"")
@@ -274,14 +303,23 @@ class DurableFiles:
         return json.loads(read_regular_file(self.checkpoint_path))
 
     def write_checkpoint(self, checkpoint: dict, *, announce: str) -> None:
-        """Replace ``head.json`` durably with ``checkpoint``."""
+        """Replace ``head.json`` durably with ``checkpoint`` (sets
+        :attr:`checkpoint_replaced` as soon as the replace happened)."""
         content = canonical_text(checkpoint).encode("utf-8")
-        write_atomically(self.checkpoint_path, content, self.temp_path, announce=announce)
+        write_atomically(self.checkpoint_path, content, announce=announce,
+                         on_replaced=self._note_replaced)
+
+    def _note_replaced(self) -> None:
+        self.checkpoint_replaced = True
 
     def write_marker(self, journal_id: str, schema: str, *, announce: str) -> None:
         """Write the ``initialized`` marker durably."""
         write_atomically(self.marker_path, marker_text(journal_id, schema).encode("utf-8"),
-                         self.marker_path + ".tmp", announce=announce)
+                         announce=announce)
+
+    def remove_stale_temp_files(self) -> list:
+        """Leftover temp files of ``head.json`` and the marker (writer lock held)."""
+        return remove_stale_temp_files(self.data_dir, (CHECKPOINT_NAME, MARKER_NAME))
 
 
 def compare_checkpoint(found: bytes, expected: dict) -> None:

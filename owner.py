@@ -16,8 +16,12 @@ inferring safety from process state; this only tells a person where to look.
 ``flock`` is used rather than ``fcntl``/``lockf`` record locks on purpose: POSIX
 record locks belong to the process and vanish when *any* descriptor of the file
 is closed, so an inspection in the same process could silently drop the
-worker's lock.  ``flock`` locks belong to one open file description.  The lock
-file is never the database (SQLite's own locking is of the record kind).
+worker's lock.  ``flock`` locks belong to one open file description -- which a
+child made by ``fork`` shares: so the lock is released with an explicit
+``LOCK_UN`` (closing the worker's descriptor alone would leave it held by a
+child that is still alive), and a forked child drops its copy of the
+descriptor without unlocking (docs/guard.md §Child processes).  The lock file
+is never the database (SQLite's own locking is of the record kind).
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ import os
 import time
 from typing import Optional
 
+from . import forksafe
 from .durable import open_regular_file
 
 try:
@@ -71,6 +76,17 @@ class OwnerLock:
     def __init__(self, data_dir: str):
         self.path = os.path.join(os.fspath(data_dir), OWNER_LOCK_NAME)
         self._descriptor: Optional[int] = None
+        forksafe.register(self)
+
+    def _after_fork_in_child(self) -> None:
+        """The child closes its copy of the descriptor, never unlocking: the
+        lock is the parent's."""
+        descriptor, self._descriptor = self._descriptor, None
+        if descriptor is not None:
+            try:
+                os.close(descriptor)
+            except OSError:
+                pass
 
     def acquire(self, operation_id: str) -> bool:
         """Lock and tag ``owner.lock``; False if another process holds it."""
@@ -99,16 +115,53 @@ class OwnerLock:
         return True
 
     def release(self) -> None:
-        """Clear the tag and unlock; a no-op when this object holds nothing."""
+        """Clear the tag, unlock, close; a no-op when this object holds nothing.
+        The explicit unlock also releases the copy a forked child may hold."""
         descriptor, self._descriptor = self._descriptor, None
         if descriptor is None:
             return
         try:
-            os.ftruncate(descriptor, 0)
-        except OSError:
-            pass  # the tag is evidence only; the unlock below is what matters
+            try:
+                os.ftruncate(descriptor, 0)
+            except OSError:
+                pass  # the tag is evidence only; the unlock below is what matters
+            finally:
+                fcntl.flock(descriptor, fcntl.LOCK_UN)
         finally:
             os.close(descriptor)
+
+
+def _probe(data_dir: str) -> tuple:
+    """``(state, tag)``: state ``absent`` (no lock file: no worker ever held it),
+    ``free``, ``held`` (tag: the decoded dict, or None while it is being
+    written) or ``unknown`` (no advisory locks here, or the file is unusable).
+    Never creates the lock file; never raises."""
+    if fcntl is None:
+        return "unknown", None
+    try:
+        descriptor = open_regular_file(os.path.join(os.fspath(data_dir), OWNER_LOCK_NAME),
+                                       os.O_RDONLY)
+    except FileNotFoundError:
+        return "absent", None
+    except OSError:
+        return "unknown", None
+    try:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pass  # held by a worker
+        except OSError:
+            return "unknown", None
+        else:
+            fcntl.flock(descriptor, fcntl.LOCK_UN)
+            return "free", None
+        try:
+            tag = json.loads(os.pread(descriptor, 4096, 0) or b"null")
+        except (OSError, ValueError):
+            tag = None
+        return "held", tag if isinstance(tag, dict) else None
+    finally:
+        os.close(descriptor)
 
 
 def probe_owner(data_dir: str, operation_id: str) -> dict:
@@ -117,41 +170,25 @@ def probe_owner(data_dir: str, operation_id: str) -> dict:
     Returns ``{"owner": "running"|"gone"|"unknown", "pid": int|None,
     "process_start": float|None}``.  Never creates the lock file; never raises.
     """
+    state, tag = _probe(data_dir)
     result = {"owner": OWNER_UNKNOWN, "pid": None, "process_start": None}
-    if fcntl is None:
-        return result
-    path = os.path.join(os.fspath(data_dir), OWNER_LOCK_NAME)
-    try:
-        descriptor = open_regular_file(path, os.O_RDONLY)
-    except FileNotFoundError:
-        result["owner"] = OWNER_GONE  # no worker ever held it in this profile
-        return result
-    except OSError:
-        return result
-    try:
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            held = True
-        except OSError:
-            return result
-        else:
-            held = False
-            fcntl.flock(descriptor, fcntl.LOCK_UN)
-        if not held:
-            result["owner"] = OWNER_GONE
-            return result
-        try:
-            tag = json.loads(os.pread(descriptor, 4096, 0) or b"null")
-        except (OSError, ValueError):
-            tag = None
-        if not isinstance(tag, dict):
-            return result  # held, but the tag is being written: unknown
+    if state in ("absent", "free"):
+        result["owner"] = OWNER_GONE
+    elif state == "held" and tag is not None:
         if tag.get("operation_id") != operation_id:
             result["owner"] = OWNER_GONE
-            return result
-        result.update(owner=OWNER_RUNNING, pid=tag.get("pid"),
-                      process_start=tag.get("process_start"))
-        return result
-    finally:
-        os.close(descriptor)
+        else:
+            result.update(owner=OWNER_RUNNING, pid=tag.get("pid"),
+                          process_start=tag.get("process_start"))
+    return result
+
+
+def probe_lock(data_dir: str) -> Optional[dict]:
+    """Who holds ``owner.lock`` right now, whatever operation it names: None
+    when nobody does (or the platform cannot tell), else ``{"operation_id",
+    "pid", "process_start"}`` from the tag (values None while the tag is being
+    written).  Never creates the lock file; never raises."""
+    state, tag = _probe(data_dir)
+    if state != "held":
+        return None
+    return {key: (tag or {}).get(key) for key in ("operation_id", "pid", "process_start")}

@@ -34,12 +34,18 @@ STATE_UNCERTAIN = "uncertain"
 STATE_RETURNED = "returned"
 STATE_RESOLVED = "resolved"
 OUTCOMES = ("completed", "not_applied")
-# Reason labels per event kind (docs/format.md §Events).
+# Reason labels per event kind (docs/format.md §Events).  ``not_run``: the guard
+# itself refused the call's inner entry, so the tool never ran.  ``lost_in_crash``:
+# repair-checkpoint found an event lost in a crash that may have been a
+# ``started`` whose tool ran.
 REASONS = {
-    "returned": ("returned",),
-    "uncertain": ("exception", "cancelled", "error_response"),
+    "returned": ("returned", "not_run"),
+    "uncertain": ("exception", "cancelled", "error_response", "lost_in_crash"),
+    "late_outcome": ("returned", "error_response", "exception", "cancelled"),
 }
-
+# The tool name of an operation that repair-checkpoint re-created from a lost event.
+LOST_TOOL = "unknown"
+KIND_ARCHIVED = "archived"
 
 # ------------------------------------------------------- canonical encoding --
 
@@ -161,8 +167,8 @@ def optional_text(value: Any) -> bool:
 def payload_problem(payload: Any, schema: str) -> Optional[str]:
     """Why a decoded payload is not a valid event, or None (docs/format.md §Events).
 
-    Extra fields are allowed (later versions may add some).  Runs once per stored
-    event on the slow path: plain ``type() is`` checks, one lookup per field.
+    Extra fields are allowed (later versions may add some).  Runs on the slow
+    path of verification only: plain ``type() is`` checks, one lookup per field.
     """
     if type(payload) is not dict:
         return "payload is not a JSON object"
@@ -172,11 +178,13 @@ def payload_problem(payload: Any, schema: str) -> Optional[str]:
     stamp = get("timestamp_ns")
     if type(stamp) is not int or stamp < 0:  # type() also rejects bool
         return "timestamp_ns is not a non-negative integer"
+    kind = get("kind")
+    if kind == KIND_ARCHIVED:
+        return _archive_problem(get("archive"))
     # A UUID check on `started` suffices: every later event must name an open
     # operation (else invalid_transition); non-text ids must not reach a dict.
     if type(get("operation_id")) is not str:
         return "operation_id is not a UUID"
-    kind = get("kind")
     if kind == "started":
         if not is_uuid(payload["operation_id"]):
             return "operation_id is not a UUID"
@@ -197,14 +205,26 @@ def payload_problem(payload: Any, schema: str) -> Optional[str]:
         if get("reason") not in reasons:
             return f"{kind} with reason {get('reason')!r}"
         return None
-    if kind == "resolved":
-        if get("outcome") not in OUTCOMES:
+    if kind in ("resolved", "acknowledged"):
+        if kind == "resolved" and get("outcome") not in OUTCOMES:
             return f"resolved with outcome {get('outcome')!r}"
         evidence = get("evidence")
         if type(evidence) is not str or not evidence.strip():
-            return "resolved without evidence"
+            return f"{kind} without evidence"
         return None
     return f"unknown kind {kind!r}"
+
+
+def _archive_problem(archive: Any) -> Optional[str]:
+    """Why an ``archived`` event's ``archive`` field is malformed, or None."""
+    if type(archive) is not dict:
+        return "archived without an archive object"
+    count = archive.get("count")
+    if not (is_uuid(archive.get("journal_id")) and type(count) is int and count >= 0
+            and is_hex64(archive.get("head")) and type(archive.get("file")) is str
+            and archive["file"]):
+        return "archived with a malformed archive object"
+    return None
 
 
 def checkpoint_shape_problem(checkpoint: Any) -> Optional[str]:

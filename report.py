@@ -17,11 +17,13 @@ from typing import Any, Iterable, Optional, Sequence
 
 from .chain import Operation
 from .errors import JournalError
-from .owner import OWNER_RUNNING, probe_owner
+from .owner import OWNER_RUNNING, probe_lock, probe_owner
 
 BLOCKED_ERROR = "crash_recovery_blocked"
 RECORD_FAILED_ERROR = "crash_recovery_record_failed"
 OPERATOR_CLI_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "operator_cli.py")
+# Gate states (docs/cli.md §status).
+GATE_OPEN, GATE_BUSY, GATE_CLOSED = "open", "busy", "closed"
 
 
 def iso_utc(timestamp_ns: int) -> str:
@@ -30,25 +32,42 @@ def iso_utc(timestamp_ns: int) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def operator_command(data_dir: str, *words: str) -> str:
-    """A shell command line running the operator CLI on ``data_dir``.
+def standalone_prefix(data_dir: str) -> tuple:
+    """The words that run the operator CLI on ``data_dir`` from a shell: this
+    process's own (absolute) interpreter -- a venv's bare ``python`` may not be
+    on the operator's PATH -- the CLI's path, and ``--data-dir``."""
+    return (sys.executable or "python3", OPERATOR_CLI_PATH, "--data-dir", data_dir)
 
-    The interpreter is this process's own (absolute) executable: a venv's bare
-    ``python`` may not be on the operator's PATH, the full path runs anywhere.
-    Words starting with ``<`` are placeholders the person replaces; one with
-    spaces is put in double quotes so the replacement stays one argument."""
-    parts = [sys.executable or "python3", OPERATOR_CLI_PATH,
-             "--data-dir", data_dir, *words]
+
+def hermes_prefix(profile: Optional[str]) -> tuple:
+    """The words of ``hermes [-p PROFILE] crash-recovery``: no path, no
+    interpreter (safe to show in a chat).  ``profile``: None or ``default``
+    for the default profile."""
+    if profile and profile not in ("default", "custom"):
+        return ("hermes", "-p", profile, "crash-recovery")
+    return ("hermes", "crash-recovery")
+
+
+def command_line(prefix: Sequence[str], *words: str) -> str:
+    """A shell command line.  Words starting with ``<`` are placeholders the
+    person replaces; one with spaces is put in double quotes so the replacement
+    stays one argument."""
     return " ".join(shlex.quote(part) if not part.startswith("<")
-                    else f'"{part}"' if " " in part else part for part in parts)
+                    else f'"{part}"' if " " in part else part
+                    for part in (*prefix, *words))
+
+
+def operator_command(data_dir: str, *words: str) -> str:
+    """The stand-alone command line running the operator CLI on ``data_dir``."""
+    return command_line(standalone_prefix(data_dir), *words)
 
 
 def operation_view(operation: "Operation | dict", data_dir: str, *,
                    now_ns: Optional[int] = None, with_owner: bool = True) -> dict:
-    """An open operation for people: every journal field (an :class:`Operation`
-    or its ``to_json()`` dict) plus ``started_at`` (ISO 8601 UTC),
-    ``age_seconds`` (float, >= 0) and, with ``with_owner``, ``owner``
-    (``running``/``gone``/``unknown``) and ``owner_pid``."""
+    """An operation for people: every journal field (an :class:`Operation` or
+    its ``to_json()`` dict) plus ``started_at`` (ISO 8601 UTC), ``age_seconds``
+    (float, >= 0) and, with ``with_owner``, ``owner`` (``running``/``gone``/
+    ``unknown``) and ``owner_pid``."""
     now_ns = time.time_ns() if now_ns is None else now_ns
     view = dict(operation) if isinstance(operation, dict) else operation.to_json()
     view["started_at"] = iso_utc(view["started_ns"])
@@ -71,12 +90,13 @@ def describe_age(seconds: float) -> str:
     return f"{int(seconds // 86400)} d"
 
 
-def blocked_result(code: str, explanation: str, *, data_dir: Optional[str],
+def blocked_result(code: str, explanation: str, *, prefix: Optional[Sequence[str]],
                    operations: Iterable[dict] = ()) -> str:
-    """The refusal JSON of docs/guard.md §Blocked result: ``error`` = ``crash_recovery_blocked``,
-    ``blocked`` true, ``code``, ``explanation``, ``operation_ids``, ``operations``
-    (tool, state, started_at, age_seconds) and ``operator_command`` (null when
-    the refusal came before the data directory was known: the keys never vary)."""
+    """The refusal JSON of docs/guard.md §Blocked result: ``error`` =
+    ``crash_recovery_blocked``, ``blocked`` true, ``code``, ``explanation``,
+    ``operation_ids``, ``operations`` (tool, state, started_at, age_seconds) and
+    ``operator_command`` (null when the refusal came before the data directory
+    was known: the keys never vary)."""
     operations = list(operations)
     result = {
         "error": BLOCKED_ERROR,
@@ -87,52 +107,116 @@ def blocked_result(code: str, explanation: str, *, data_dir: Optional[str],
         "operations": [{key: operation.get(key) for key in
                         ("operation_id", "tool", "state", "started_at", "age_seconds")}
                        for operation in operations],
-        "operator_command": operator_command(data_dir, "status") if data_dir else None,
+        "operator_command": command_line(prefix, "status") if prefix else None,
     }
     return json.dumps(result, ensure_ascii=False, sort_keys=True)
 
 
-def unresolved_explanation(operations: list, data_dir: Optional[str]) -> str:
-    """Words a model relays to its user instead of retrying (issue: what the
-    model sees).  ``operations`` are :func:`operation_view` dicts."""
-    described = "; ".join(
-        f"operation {operation['operation_id']} (tool {operation['tool']}, "
-        f"{operation['state']}, started {describe_age(operation['age_seconds'])} ago)"
-        for operation in operations)
+def _described(operations: list) -> str:
+    return "; ".join(f"operation {operation['operation_id']} (tool {operation['tool']}, "
+                     f"{operation['state']}, started {describe_age(operation['age_seconds'])} "
+                     f"ago)" for operation in operations)
+
+
+def unresolved_explanation(operations: list, prefix: Optional[Sequence[str]]) -> str:
+    """Words a model relays to its user instead of retrying.  ``operations`` are
+    :func:`operation_view` dicts of the operations whose outcome is unknown."""
     first = operations[0]["operation_id"] if operations else "<OPERATION_ID>"
-    command = (operator_command(data_dir, "resolve", first, "--outcome", "<completed|not_applied>",
-                                "--evidence", "<what you checked>")
-               if data_dir else "operator_cli.py resolve")
+    command = (command_line(prefix, "resolve", first, "--outcome", "<completed|not_applied>",
+                            "--evidence", "<what you checked>")
+               if prefix else "the crash-recovery resolve command")
     return (f"Protected tool calls are paused. An earlier call's outcome is unknown: "
-            f"{described}. It may or may not have taken effect, so repeating it could "
-            f"duplicate a booking, payment or message. Do not retry. Tell the user that a "
+            f"{_described(operations)}. It may or may not have taken effect, so repeating it "
+            f"could duplicate a booking, payment or message. Do not retry. Tell the user that a "
             f"person must check the real service and then settle it with (replacing the <...> "
             f"parts): {command}")
 
 
-def integrity_explanation(error: JournalError, data_dir: Optional[str]) -> str:
+def in_flight_explanation(tool_name: str, operations: list, *, nested: bool) -> str:
+    """A refusal because a protected call is running right now: in another
+    process or session (``nested`` False: wait), or the caller's own parent
+    call (``nested`` True: protected calls cannot nest)."""
+    if nested:
+        return (f"{tool_name} was called from inside another protected call that is still "
+                f"running ({_described(operations)}). Protected calls cannot be nested, so "
+                f"{tool_name} was refused and not run. Finish without it, or tell the user.")
+    return (f"Another protected call is running right now ({_described(operations)}), and only "
+            f"one runs at a time in this profile, so {tool_name} was refused and not run. Wait "
+            f"for that call to finish, then ask again; do not retry automatically in a loop.")
+
+
+def integrity_explanation(error: JournalError, prefix: Optional[Sequence[str]]) -> str:
     """Refusal text for an integrity or availability failure."""
-    command = operator_command(data_dir, "verify") if data_dir else "operator_cli.py verify"
+    command = (command_line(prefix, "verify") if prefix
+               else "the crash-recovery verify command")
+    if error.code == "commit_failed":
+        return (f"The journal could not confirm that this call's start was recorded "
+                f"({error.message}). The call was NOT run. If the journal later shows it as "
+                f"pending, settle it as not_applied. Do not retry; tell the user that an "
+                f"operator must check the journal with: {command}")
     return (f"Protected tool calls are refused because the crash-recovery journal cannot be "
             f"trusted or used right now ({error.code}: {error.message}). Nothing was run. "
             f"Do not retry. Tell the user that an operator must inspect it with: {command}")
 
 
+def gate_of(ok: bool, unresolved: list, in_flight: Optional[dict]) -> str:
+    """``closed`` (integrity failure or unknown outcomes), ``busy`` (a call is
+    running now: the owner lock is held) or ``open``."""
+    if not ok or unresolved:
+        return GATE_CLOSED
+    return GATE_BUSY if in_flight else GATE_OPEN
+
+
 def status_report(journal: Any, data_dir: str, *, now_ns: Optional[int] = None) -> dict:
     """Verified status (docs/guard.md §Inspection tools, docs/cli.md §status).
 
-    ``{"ok", "integrity": "ok" | code, "data_dir", "checkpoint", "unresolved":
-    [operation_view...]}``, plus ``"error": {code, message, ...}`` when not ok.
-    Never raises :class:`JournalError`.
+    ``{"ok", "integrity": "ok" | code, "data_dir", "gate", "checkpoint",
+    "unresolved": [operation_view...], "attention": [...], "in_flight"}``, plus
+    ``"error": {code, message, ...}`` when not ok.  Never raises
+    :class:`JournalError`.
     """
+    in_flight = probe_lock(data_dir)
     try:
         status = journal.status()
     except JournalError as exc:
-        return {"ok": False, "integrity": exc.code, "data_dir": data_dir,
-                "checkpoint": None, "unresolved": [], "error": exc.to_json()}
-    return {"ok": True, "integrity": "ok", "data_dir": data_dir, "checkpoint": status.checkpoint,
-            "unresolved": [operation_view(operation, data_dir, now_ns=now_ns)
-                           for operation in status.unresolved]}
+        return {"ok": False, "integrity": exc.code, "data_dir": data_dir, "gate": GATE_CLOSED,
+                "checkpoint": None, "unresolved": [], "attention": [], "in_flight": in_flight,
+                "error": exc.to_json()}
+    unresolved = [operation_view(operation, data_dir, now_ns=now_ns)
+                  for operation in status.unresolved]
+    return {"ok": True, "integrity": "ok", "data_dir": data_dir,
+            "gate": gate_of(True, unresolved, in_flight), "checkpoint": status.checkpoint,
+            "unresolved": unresolved,
+            "attention": [operation_view(operation, data_dir, now_ns=now_ns, with_owner=False)
+                          for operation in status.attention],
+            "in_flight": in_flight}
+
+
+def prometheus_text(result: dict, *, now_ns: Optional[int] = None) -> str:
+    """``status`` as gauges in the node-exporter textfile format (docs/cli.md
+    §status --format prometheus)."""
+    label = '{data_dir="%s"}' % str(result.get("data_dir", "")).replace("\\", "\\\\").replace(
+        '"', '\\"').replace("\n", "\\n")
+    unresolved = result.get("unresolved") or []
+    checkpoint = result.get("checkpoint") or {}
+    gauges = (
+        ("unresolved_operations", "Operations whose outcome is unknown (pending or uncertain).",
+         len(unresolved)),
+        ("oldest_unresolved_age_seconds", "Age of the oldest unresolved operation (0 if none).",
+         max((operation["age_seconds"] for operation in unresolved), default=0)),
+        ("late_outcomes_unacknowledged", "Resolved operations whose late outcome awaits an "
+         "operator's acknowledgement.", len(result.get("attention") or [])),
+        ("events", "Events in the live journal segment.", checkpoint.get("count", 0)),
+        ("last_verification_ok", "1 if the journal verified, 0 if not.",
+         1 if result.get("ok") else 0),
+        ("gate_open", "1 if protected calls may run now, 0 if not.",
+         1 if result.get("gate") == GATE_OPEN else 0),
+    )
+    lines = []
+    for name, help_text, value in gauges:
+        lines += [f"# HELP crash_recovery_{name} {help_text}",
+                  f"# TYPE crash_recovery_{name} gauge", f"crash_recovery_{name}{label} {value}"]
+    return "\n".join(lines)
 
 
 # ------------------------------------------------------------- terminal output --
@@ -198,36 +282,54 @@ def _owner_text(operation: dict) -> Optional[str]:
     return owner
 
 
-def render_text(command: str, result: dict) -> str:
-    """Aligned, human-readable tables for status/show/log and a readable error
-    for any failed command; other results fall back to indented JSON."""
-    if not result.get("ok", True):
-        return _error_text(result)
-    if command not in ("status", "show", "log"):
-        return json_text(result, 2)
-    data_dir = result.get("data_dir") or ""
-    checkpoint = result.get("checkpoint") or {}
-    header = (f"integrity: {result.get('integrity')}   data dir: {data_dir}\n"
-              f"events: {checkpoint.get('count', 0)}   head: {checkpoint.get('head', '-')}")
-    if command == "status":
-        rows = [dict(row, age=describe_age(row["age_seconds"]), owner=_owner_text(row))
-                for row in result["unresolved"]]
-        if not rows:
-            return header + "\nno unresolved operations: protected calls may run"
+def _status_text(result: dict, header: str, prefix: Sequence[str]) -> str:
+    rows = [dict(row, age=describe_age(row["age_seconds"]), owner=_owner_text(row))
+            for row in result["unresolved"]]
+    in_flight = result.get("in_flight")
+    lines = [header, f"gate: {result.get('gate')}" + (
+        f" (a protected call is running: operation {in_flight.get('operation_id')}, pid "
+        f"{in_flight.get('pid')})" if in_flight else "")]
+    if rows:
         first = rows[0]["operation_id"]
-        return "\n".join([
-            header,
+        lines += [
             f"{len(rows)} unresolved operation(s) block every protected call in this profile:",
             _table(rows, ("operation_id", "tool", "state", "reason", "started_at", "age",
                           "owner", "session_id", "tool_call_id", "args_hash")),
             "",
             "next: stop every worker of this profile (owner must not be running), check the "
             "real service for this call, then record what you found:",
-            "  " + operator_command(data_dir, "show", first),
-            "  " + operator_command(data_dir, "resolve", first, "--outcome",
-                                           "<completed|not_applied>", "--evidence",
-                                           "<what you checked>"),
-            "If you cannot establish the outcome, leave it unresolved."])
+            "  " + command_line(prefix, "show", first),
+            "  " + command_line(prefix, "resolve", first, "--outcome", "<completed|not_applied>",
+                                "--evidence", "<what you checked>"),
+            "If you cannot establish the outcome, leave it unresolved."]
+    else:
+        lines.append("no unresolved operations: protected calls may run")
+    attention = [dict(row, age=describe_age(row["age_seconds"]))
+                 for row in result.get("attention") or []]
+    if attention:
+        lines += ["", f"{len(attention)} operation(s) returned after an operator had resolved "
+                  "them (late outcomes): check the service again, then acknowledge:",
+                  _table(attention, ("operation_id", "tool", "late_reason", "started_at", "age")),
+                  "  " + command_line(prefix, "acknowledge", attention[0]["operation_id"],
+                                      "--evidence", "<what you did>")]
+    return "\n".join(lines)
+
+
+def render_text(command: str, result: dict, prefix: Optional[Sequence[str]] = None) -> str:
+    """Aligned, human-readable tables for status/show/log and a readable error
+    for any failed command; other results fall back to indented JSON.
+    ``prefix``: how the operator commands are run here (default: stand-alone)."""
+    if not result.get("ok", True):
+        return _error_text(result)
+    if command not in ("status", "show", "log"):
+        return json_text(result, 2)
+    data_dir = result.get("data_dir") or ""
+    prefix = prefix or standalone_prefix(data_dir)
+    checkpoint = result.get("checkpoint") or {}
+    header = (f"integrity: {result.get('integrity')}   data dir: {data_dir}\n"
+              f"events: {checkpoint.get('count', 0)}   head: {checkpoint.get('head', '-')}")
+    if command == "status":
+        return _status_text(result, header, prefix)
     if command == "show":
         operation = dict(result["operation"], owner=_owner_text(result["operation"]))
         if "age_seconds" in operation:

@@ -34,6 +34,15 @@ CHECKPOINT = "head.json"
 MARKER = "initialized"
 HEX = set("0123456789abcdef")
 OPEN_STATES = ("pending", "uncertain")
+# docs/format.md §Tables: the schema objects a journal may hold.  The triggers
+# are optional (journals from before they existed) but nothing else is allowed.
+SCHEMA_OBJECTS = {("table", "metadata"), ("table", "events"),
+                  ("index", "sqlite_autoindex_metadata_1")}
+TRIGGERS = {"events_append_only", "events_no_update", "events_no_delete", "metadata_no_insert",
+            "metadata_no_update", "metadata_no_delete"}
+REASONS = {"returned": ("returned", "not_run"),
+           "uncertain": ("exception", "cancelled", "error_response", "lost_in_crash"),
+           "late_outcome": ("returned", "error_response", "exception", "cancelled")}
 
 
 def canonical(value: Any) -> str:
@@ -151,7 +160,7 @@ def _payload_errors(value: Any, schema: str) -> List[str]:
     if not (isinstance(stamp, int) and not isinstance(stamp, bool) and stamp >= 0):
         errors.append("timestamp_ns")
     kind = value.get("kind")
-    if not isinstance(value.get("operation_id"), str):
+    if kind != "archived" and not isinstance(value.get("operation_id"), str):
         errors.append("operation_id")
     if kind == "started":
         if not is_uuid(value.get("operation_id")):
@@ -163,18 +172,22 @@ def _payload_errors(value: Any, schema: str) -> List[str]:
         for key in ("session_id", "tool_call_id"):
             if key not in value or not (value[key] is None or isinstance(value[key], str)):
                 errors.append(key)
-    elif kind in ("returned", "uncertain"):
+    elif kind in REASONS:
         if not is_hex64(value.get("result_hash")):
             errors.append("result_hash")
-        allowed = {"returned": ("returned",),
-                   "uncertain": ("exception", "cancelled", "error_response")}[kind]
-        if value.get("reason") not in allowed:
+        if value.get("reason") not in REASONS[kind]:
             errors.append("reason")
-    elif kind == "resolved":
-        if value.get("outcome") not in ("completed", "not_applied"):
+    elif kind in ("resolved", "acknowledged"):
+        if kind == "resolved" and value.get("outcome") not in ("completed", "not_applied"):
             errors.append("outcome")
         if not (isinstance(value.get("evidence"), str) and value["evidence"].strip()):
             errors.append("evidence")
+    elif kind == "archived":
+        archive = value.get("archive")
+        if not (isinstance(archive, dict) and is_uuid(archive.get("journal_id"))
+                and isinstance(archive.get("count"), int) and is_hex64(archive.get("head"))
+                and isinstance(archive.get("file"), str)):
+            errors.append("archive")
     else:
         errors.append(f"unknown kind {kind!r}")
     return errors
@@ -182,7 +195,10 @@ def _payload_errors(value: Any, schema: str) -> List[str]:
 
 def _apply(report: Report, seq: int, event: Dict[str, Any]) -> Optional[str]:
     """Apply one event to the operation states; an error text or None."""
-    kind, op = event["kind"], event["operation_id"]
+    kind = event["kind"]
+    if kind == "archived":
+        return None if seq == 1 else "archived anchor after the first event"
+    op = event["operation_id"]
     record = report.operations.get(op)
     if kind == "started":
         if record is not None:
@@ -190,8 +206,8 @@ def _apply(report: Report, seq: int, event: Dict[str, Any]) -> Optional[str]:
         report.operations[op] = {"state": "pending", "tool": event["tool"],
                                  "session_id": event["session_id"],
                                  "tool_call_id": event["tool_call_id"], "reason": None,
-                                 "outcome": None, "evidence": None, "events": [kind],
-                                 "started_seq": seq}
+                                 "outcome": None, "evidence": None, "late": None,
+                                 "events": [kind], "started_seq": seq}
         return None
     if record is None:
         return f"{kind} for unknown operation {op}"
@@ -203,6 +219,14 @@ def _apply(report: Report, seq: int, event: Dict[str, Any]) -> Optional[str]:
         if record["state"] not in OPEN_STATES:
             return f"resolved for {record['state']} operation"
         record.update(state="resolved", outcome=event["outcome"], evidence=event["evidence"])
+    elif kind == "late_outcome":
+        if record["state"] != "resolved" or record["late"] is not None:
+            return "late_outcome for an operation not resolved, or a second one"
+        record["late"] = event["reason"]
+    elif kind == "acknowledged":
+        if record["late"] in (None, "acknowledged"):
+            return "acknowledged without a late outcome"
+        record["late"] = "acknowledged"
     record["events"].append(kind)
     return None
 
@@ -215,6 +239,10 @@ def verify(data_dir: str, *, require_head: bool = True) -> Report:
     except (OSError, sqlite3.Error) as exc:
         report.errors.append(f"unreadable: {exc}")
         return report
+    foreign = [f"{kind} {name}" for kind, name in found["schema_objects"]
+               if (kind, name) not in SCHEMA_OBJECTS and not (kind == "trigger" and name in TRIGGERS)]
+    if foreign:
+        report.errors.append(f"schema objects not in docs/format.md: {foreign}")
     if not {"metadata", "events"} <= found["tables"]:
         report.errors.append(f"tables {sorted(found['tables'])}")
         return report
@@ -279,12 +307,20 @@ def check_ancestor(report: Report, checkpoint: Any) -> List[str]:
 
 # ------------------------------------------------------------------ building --
 
-def execute_sql(data_dir: str, statement: str, parameters: tuple = ()) -> None:
-    """Run one statement on the journal database and commit (a third party's edit)."""
-    connection = sqlite3.connect(os.path.join(data_dir, DATABASE))
+def execute_sql(data_dir: str, statement: str, parameters: tuple = (), *,
+                keep_triggers: bool = False) -> None:
+    """Run one statement on the journal database and commit: a third party's
+    edit.  Unless ``keep_triggers``, it first drops every trigger, as a
+    determined editor would (the append-only triggers refuse edits)."""
+    connection = sqlite3.connect(os.path.join(data_dir, DATABASE), isolation_level=None)
     try:
+        connection.execute("BEGIN IMMEDIATE")
+        if not keep_triggers:
+            for (name,) in connection.execute(
+                    "SELECT name FROM sqlite_master WHERE type = 'trigger'").fetchall():
+                connection.execute(f'DROP TRIGGER "{name}"')
         connection.execute(statement, parameters)
-        connection.commit()
+        connection.execute("COMMIT")
     finally:
         connection.close()
 

@@ -124,14 +124,17 @@ class Threads(ReliabilityCase):
             thread = threading.Thread(target=elsewhere)
             thread.start()
             thread.join(10)
-            seen["nested"] = json.loads(guard.tool_execution(
-                "pay", {"x": 1}, lambda: "nested ran", session_id="s", tool_call_id="c"))
+            # The same call re-entered in this context (the host may have
+            # rewritten its arguments): it passes through.
+            seen["reentry"] = guard.tool_execution(
+                "pay", {"x": 1}, lambda: "nested ran", session_id="s", tool_call_id="c")
             return "ok"
 
         self.assertEqual(guard.tool_execution("pay", {}, downstream, session_id="s",
                                               tool_call_id="c"), "ok")
-        self.assertEqual(json.loads(seen["other"]["message"])["code"], "unresolved_operations")
-        self.assertEqual(seen["nested"]["code"], "nested_call")
+        # Another thread has no binding: the same ids are a nested call there.
+        self.assertEqual(json.loads(seen["other"]["message"])["code"], "nested_call")
+        self.assertEqual(seen["reentry"], "nested ran")
         guard.close()
         self.assertVerifies()
 

@@ -16,7 +16,8 @@ from unittest import mock
 from support import REPO, JournalTestCase, run_cli, reference
 
 from crash_recovery import guard as guard_module
-from crash_recovery.guard import INSPECTION_TOOLS, RecoveryGuard
+from crash_recovery.guard import RecoveryGuard
+from crash_recovery.settings import INSPECTION_TOOLS
 from crash_recovery.errors import JournalUnavailable
 from crash_recovery.record import value_hash
 
@@ -257,13 +258,8 @@ class ExecutionContractTests(GuardTestCase):
 
     def test_integrity_failure_blocks_and_downstream_never_runs(self):
         self.call()  # this guard now has a verified, cached chain
-        connection = sqlite3.connect(os.path.join(self.data_dir, "journal.sqlite3"))
-        try:
-            connection.execute("UPDATE events SET payload = replace(payload, 'book_trip', "
-                               "'book_tripX') WHERE seq = 1")
-            connection.commit()
-        finally:
-            connection.close()
+        reference.execute_sql(self.data_dir, "UPDATE events SET payload = replace(payload, "
+                                             "'book_trip', 'book_tripX') WHERE seq = 1")
         self.assertRefusedWithoutChange("hash_mismatch")
         self.assertRefusedWithoutChange("hash_mismatch", guard=self.make_guard())
 
@@ -389,88 +385,150 @@ class ExecutionContractTests(GuardTestCase):
 
 
 class ConfigurationTests(GuardTestCase):
-    """docs/guard.md §Settings: a configured list replaces the defaults."""
+    """docs/guard.md §Settings: two protection modes; what people type is read
+    exactly or refused (fail closed)."""
 
     def tools_journaled(self):
+        if not os.path.exists(self.data_dir):
+            return []
         return [event["tool"] for event in self.report().events if event["kind"] == "started"]
 
     def test_defaults(self):
-        self.assertEqual(self.guard.exempt_tools(),
-                         frozenset({"read_file", "search_files", *INSPECTION_TOOLS}))
-        self.assertTrue(self.guard.is_protected("write_file"))
-        self.assertTrue(self.guard.is_protected("never_heard_of_it"))
-        self.assertTrue(self.guard.is_protected(None))
+        settings = self.guard.settings()
+        self.assertEqual((settings.mode, settings.tools, settings.problem),
+                         ("read_only_tools", frozenset({"read_file", "search_files"}), None))
+        for tool in ("read_file", "search_files", *INSPECTION_TOOLS):
+            self.assertFalse(self.guard.is_protected(tool))
+        for tool in ("write_file", "never_heard_of_it", None, 7):
+            self.assertTrue(self.guard.is_protected(tool))
 
-    def test_configured_list_replaces_defaults(self):
-        for source in (["search_files", "lookup_receipt"], ("search_files", "lookup_receipt"),
-                       lambda: ["search_files", "lookup_receipt"]):
-            with self.subTest(source=source):
+    def test_read_only_list_replaces_the_defaults_in_every_spelling(self):
+        # A YAML list, what `hermes config set` stores for '["a","b"]', and a
+        # comma-separated string all mean the same list.
+        for value in (["search_files", "lookup_receipt"], ("search_files", "lookup_receipt"),
+                      '["search_files", "lookup_receipt"]', "search_files, lookup_receipt"):
+            with self.subTest(value=value):
                 self.setUp()
-                guard = self.make_guard(read_only_tools=source)
-                self.assertEqual(guard.exempt_tools(),
-                                 frozenset({"search_files", "lookup_receipt", *INSPECTION_TOOLS}))
+                guard = self.make_guard(read_only_tools=value)
+                self.assertIsNone(guard.settings().problem)
                 for tool in ("lookup_receipt", "search_files") + INSPECTION_TOOLS:
                     self.assertEqual(self.call(tool=tool, guard=guard), '{"status": "confirmed"}')
                 self.assertFalse(os.path.exists(self.data_dir))  # exempt calls touch nothing
                 self.call(tool="read_file", guard=guard, args={"path": "/etc/hosts"})
                 self.assertEqual(self.tools_journaled(), ["read_file"])
-                self.assertIsNone(guard.settings_problem)
 
-    def test_empty_list_exempts_only_inspection_tools(self):
+    def test_protected_tools_mode_gates_only_the_listed_tools(self):
+        guard = self.make_guard(protected_tools='["book_trip", "send_payment"]')
+        self.assertEqual(guard.settings().mode, "protected_tools")
+        failing = Downstream(result='{"success": false, "error": "text not found"}')
+        for tool in ("patch", "web_search", "terminal"):  # failing tools pass untouched
+            self.assertEqual(self.call(tool=tool, guard=guard, downstream=failing),
+                             failing.result)
+            self.assertIsNone(self.hook(tool=tool, guard=guard))
+        self.assertFalse(os.path.exists(self.data_dir))
+        with self.assertRaises(TimeoutError):
+            self.call(guard=guard, downstream=Downstream(error=TimeoutError("gateway timeout")))
+        open_ids = self.open_operation_ids()
+        self.assertEqual(len(open_ids), 1)
+        # The booking is unknown: protected tools are refused, the rest still run.
+        downstream = Downstream()
+        self.assertBlocked(self.call(tool="send_payment", guard=guard, downstream=downstream,
+                                     call_id="c2"), "unresolved_operations", open_ids)
+        self.assertEqual(downstream.calls, 0)
+        self.assertEqual(self.call(tool="terminal", guard=guard, downstream=downstream),
+                         '{"status": "confirmed"}')
+        self.assertIsNone(self.hook(tool="terminal", guard=guard))
+        self.assertEqual(self.tools_journaled(), ["book_trip"])
+
+    def test_empty_list_protects_everything_but_the_inspection_tools(self):
         guard = self.make_guard(read_only_tools=[])
-        self.assertEqual(guard.exempt_tools(), frozenset(INSPECTION_TOOLS))
-        self.assertIsNone(guard.settings_problem)
+        self.assertIsNone(guard.settings().problem)
+        self.assertTrue(guard.is_protected("read_file"))
+        self.assertFalse(guard.is_protected("crash_recovery_status"))
 
-    def test_invalid_setting_exempts_only_inspection_tools(self):
+    def test_settings_problems_fail_closed_and_are_reported(self):
         def broken_loader():
             raise OSError("config.yaml unreadable")
 
-        for setting in ("read_file", ["read_file", 3], {"read_file": True}, 42, broken_loader):
-            with self.subTest(setting=repr(setting)):
+        cases = {
+            "not a list": (dict(settings={"read_only_tools": 42}), "read_only_tools"),
+            "list with a number": (dict(read_only_tools=["read_file", 3]), "read_only_tools"),
+            "a mapping": (dict(read_only_tools={"read_file": True}), "read_only_tools"),
+            "bad JSON list": (dict(read_only_tools='["read_file",'), "read_only_tools"),
+            "both modes": (dict(read_only_tools=["read_file"], protected_tools=["pay"]),
+                           "both set"),
+            "typo": (dict(settings={"read_only_tool": ["read_file"]}), "read_only_tool"),
+            "broken loader": (dict(settings=broken_loader), "unreadable"),
+            "not a mapping": (dict(settings=["read_file"]), "mapping"),
+            "bad interval": (dict(full_verification_interval="soon"),
+                             "full_verification_interval"),
+        }
+        for name, (options, mentioned) in cases.items():
+            with self.subTest(name):
                 self.setUp()
-                guard = self.make_guard(read_only_tools=setting)
-                with self.assertLogs(guard_module.logger, "WARNING"):
-                    self.assertEqual(guard.exempt_tools(), frozenset(INSPECTION_TOOLS))
-                self.assertTrue(guard.settings_problem)
+                guard = self.make_guard(**options)
+                with self.assertLogs("crash_recovery.guard", "WARNING"):
+                    problem = guard.settings().problem
+                self.assertIn(mentioned, problem)
+                self.assertTrue(guard.is_protected("read_file"))  # fail closed
+                self.assertFalse(guard.is_protected("crash_recovery_verify"))
                 self.call(tool="read_file", guard=guard, args={"path": "x"})
                 self.assertEqual(self.tools_journaled(), ["read_file"])
                 report = json.loads(guard.status_tool({}))
-                self.assertEqual(report["settings_problem"], guard.settings_problem)
-                self.assertEqual(report["read_only_tools"], sorted(INSPECTION_TOOLS))
+                self.assertEqual(report["settings"]["problem"], problem)
+                self.assertEqual(report["settings"]["read_only_tools"], [])
+
+    def test_unknown_library_setting_is_a_type_error(self):
+        with self.assertRaises(TypeError):
+            RecoveryGuard(self.data_dir, read_only_tool=["read_file"])
 
 
 class BindingTests(GuardTestCase):
     """docs/guard.md §Inside Hermes: ContextVar binding, re-entry, nesting."""
 
     def test_hook_excludes_bound_operation_only_for_same_identity(self):
+        # While a call runs, the hook lets only that call's own entries through
+        # (host identity: tool, session, tool-call id -- arguments may be
+        # rewritten by the host between entries).  Another call is refused as
+        # nested (same session) or in flight (another session), never as an
+        # unknown outcome: the operation is running right here.
         seen = {}
 
         def inside():
             [operation_id] = self.open_operation_ids()
             seen["same"] = self.hook()
+            seen["other_args"] = self.hook(args={"to": "OPO"})
             seen["fresh_context"] = contextvars.Context().run(self.hook)
             seen["other_call_id"] = self.hook(call_id="call-other")
             seen["other_session"] = self.hook(session="s-other")
-            seen["other_args"] = self.hook(args={"to": "OPO"})
             seen["other_tool"] = self.hook(tool="send_payment")
             seen["operation_id"] = operation_id
 
         self.call(downstream=Downstream(during=inside))
         self.assertIsNone(seen["same"])
-        for key in ("fresh_context", "other_call_id", "other_session", "other_args", "other_tool"):
+        self.assertIsNone(seen["other_args"])
+        for key, code in (("fresh_context", "nested_call"), ("other_call_id", "nested_call"),
+                          ("other_tool", "nested_call"), ("other_session", "operation_in_flight")):
             with self.subTest(key):
-                self.assertHookBlocked(seen[key], "unresolved_operations", [seen["operation_id"]])
+                blocked = self.assertHookBlocked(seen[key], code, [seen["operation_id"]])
+                self.assertIn("not run", blocked["explanation"])
+                self.assertNotIn("unknown", blocked["explanation"])
         self.assertEqual(self.events(), [("started", None), ("returned", "returned")])
 
     def test_fresh_context_middleware_with_identical_ids_is_refused(self):
+        # Another thread of the same session (Hermes' RPC bridge of
+        # execute_code) has no binding: it is a nested call, refused.
         seen = {}
 
         def inside():
             seen["downstream"] = Downstream()
             seen["result"] = contextvars.Context().run(self.call, downstream=seen["downstream"])
+            seen["other_session"] = contextvars.Context().run(self.call, session="s-2",
+                                                              downstream=seen["downstream"])
 
         self.call(downstream=Downstream(during=inside))
-        self.assertBlocked(seen["result"], "operation_in_flight")
+        self.assertBlocked(seen["result"], "nested_call")
+        self.assertBlocked(seen["other_session"], "operation_in_flight")
         self.assertEqual(seen["downstream"].calls, 0)
         self.assertEqual(self.events(), [("started", None), ("returned", "returned")])
 
@@ -515,8 +573,7 @@ class BindingTests(GuardTestCase):
 
         def outer_tool():
             for label, options in (("tool", dict(tool="send_payment", args={"amount": 1})),
-                                   ("call id", dict(call_id="call-2")),
-                                   ("args", dict(args={"to": "OPO"}))):
+                                   ("call id", dict(call_id="call-2"))):
                 nested = Downstream()
                 seen[label] = (self.call(downstream=nested, **options), nested)
             return "outer done"
@@ -530,6 +587,43 @@ class BindingTests(GuardTestCase):
                 self.assertBlocked(nested_result, "nested_call")
                 self.assertEqual(nested.calls, 0)
         self.assertEqual(self.events(), [("started", None), ("returned", "returned")])
+
+    def test_reentry_with_rewritten_arguments_passes_through(self):
+        # Hermes' coerce_tool_args rewrites arguments in place between the two
+        # entries of one call: the inner entry is still that call.
+        inner = Downstream(result='{"status": "extracted"}')
+
+        def outer_tool():
+            return self.call(args={"to": ["LIS"]}, downstream=inner)
+
+        self.assertEqual(self.call(downstream=outer_tool), '{"status": "extracted"}')
+        self.assertEqual(inner.calls, 1)
+        self.assertEqual(self.events(), [("started", None), ("returned", "returned")])
+
+    def test_refused_inner_entry_leaves_the_gate_open(self):
+        # The guard itself refused the inner entry, so nothing ran: the outer
+        # operation ends `returned`/not_run, not uncertain.
+        inner = Downstream()
+
+        def outer_tool():
+            return self.call(call_id="call-2", downstream=inner)
+
+        blocked = self.assertBlocked(self.call(downstream=outer_tool), "nested_call")
+        self.assertEqual(inner.calls, 0)
+        self.assertEqual(self.events(), [("started", None), ("returned", "not_run")])
+        self.assertEqual(self.report().events[1]["result_hash"],
+                         value_hash(json.dumps(blocked, ensure_ascii=False, sort_keys=True)))
+        self.assertEqual(self.open_operation_ids(), [])
+        self.assertEqual(self.call(call_id="call-3"), '{"status": "confirmed"}')
+
+    def test_reentry_without_tool_call_id_needs_the_same_arguments(self):
+        inner = Downstream()
+
+        def outer_tool():
+            return self.call(args={"to": "OPO"}, call_id=None, downstream=inner)
+
+        self.assertBlocked(self.call(call_id=None, downstream=outer_tool), "nested_call")
+        self.assertEqual(inner.calls, 0)
 
     def test_nested_exempt_tool_runs(self):
         def outer_tool():
@@ -581,7 +675,8 @@ class FailClosedTests(GuardTestCase):
             downstream = Downstream()
             self.assertBlocked(self.call(guard=guard, downstream=downstream, call_id="call-2"),
                                "database_locked")
-            self.assertHookBlocked(self.hook(guard=guard, call_id="call-2"), "database_locked")
+            # The hook only reads, on a snapshot: a held writer lock never blocks it.
+            self.assertIsNone(self.hook(guard=guard, call_id="call-2"))
             self.assertEqual(downstream.calls, 0)
         locker.execute("ROLLBACK")
         self.assertEqual(self.snapshot(), before)

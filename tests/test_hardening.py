@@ -12,7 +12,7 @@ import subprocess
 import sys
 import textwrap
 
-from support import REPO, JournalTestCase, run_cli
+from support import REPO, JournalTestCase, reference, run_cli
 
 from crash_recovery.classify import is_error_response
 from crash_recovery.guard import RecoveryGuard
@@ -291,11 +291,8 @@ class VerifyToolReadsTheFiles(HardeningCase):
         guard = RecoveryGuard(self.data_dir)
         self.call(guard, Downstream())
         self.assertTrue(guard.verify_report()["ok"])
-        connection = sqlite3.connect(os.path.join(self.data_dir, "journal.sqlite3"))
-        connection.execute("UPDATE events SET payload = replace(payload, 'send_payment', "
-                           "'send_paymenX') WHERE seq = 1")
-        connection.commit()
-        connection.close()
+        reference.execute_sql(self.data_dir, "UPDATE events SET payload = replace(payload, "
+                                             "'send_payment', 'send_paymenX') WHERE seq = 1")
         report = guard.verify_report()
         self.assertEqual((report["ok"], report["integrity"]), (False, "hash_mismatch"))
         guard.close()

@@ -68,7 +68,7 @@ class LegalTransitionTests(JournalTestCase):
                 state = journal.unresolved()
                 self.assertEqual([(op.operation_id, op.state, op.reason) for op in state],
                                  [(operation, "uncertain", reason)])
-                before = journal.resolve(operation, outcome=outcome, evidence="receipt 42 checked")
+                before = journal.resolve(operation, outcome=outcome, evidence="receipt 42 checked").operation
                 self.assertEqual(before.state, "uncertain")
                 self.assertEqual(journal.unresolved(), ())
                 operations.append(operation)
@@ -82,7 +82,7 @@ class LegalTransitionTests(JournalTestCase):
     def test_pending_resolved(self):
         with Journal(self.data_dir) as journal:
             operation = admit(journal)
-            before = journal.resolve(operation, outcome="not_applied", evidence="no row in orders")
+            before = journal.resolve(operation, outcome="not_applied", evidence="no row in orders").operation
             self.assertEqual(before.state, "pending")
             self.assertEqual(journal.unresolved(), ())
         report = self.assertVerifies()
@@ -430,10 +430,10 @@ class SqliteSettingsTests(JournalTestCase):
     def test_wal_and_synchronous_full(self):
         with Journal(self.data_dir) as journal:
             admit(journal)
-            self.assertEqual(journal._database.connection.execute("PRAGMA journal_mode").fetchone()[0], "wal")
+            self.assertEqual(journal._store.database.connection.execute("PRAGMA journal_mode").fetchone()[0], "wal")
             # synchronous is per connection: 2 == FULL.
-            self.assertEqual(journal._database.connection.execute("PRAGMA synchronous").fetchone()[0], 2)
-            self.assertGreater(journal._database.connection.execute("PRAGMA busy_timeout").fetchone()[0], 0)
+            self.assertEqual(journal._store.database.connection.execute("PRAGMA synchronous").fetchone()[0], 2)
+            self.assertGreater(journal._store.database.connection.execute("PRAGMA busy_timeout").fetchone()[0], 0)
         connection = sqlite3.connect(os.path.join(self.data_dir, "journal.sqlite3"))
         try:
             self.assertEqual(connection.execute("PRAGMA journal_mode").fetchone()[0], "wal")

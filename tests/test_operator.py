@@ -25,7 +25,7 @@ import sys
 import unicodedata
 import uuid
 
-from support import REPO, JournalTestCase, run_cli
+from support import REPO, JournalTestCase, reference, run_cli
 
 from crash_recovery.guard import RecoveryGuard  # noqa: E402  (tests.support puts REPO on sys.path)
 
@@ -212,14 +212,38 @@ class OwnerLockTest(OperatorTestCase):
                          ("resolve", True, "running"))
         self.assertIn("dead socket", entry["evidence"])
 
-        # The worker finishes after all: its outcome cannot be recorded any more.
+        # The worker finishes after all: the real outcome is not lost.  It is a
+        # durable late_outcome event, logged as a WARNING, shown as needing
+        # attention until an operator acknowledges it; the gate stays as the
+        # resolution left it.
         child.stdin.write("go\n")
         child.stdin.flush()
         output, errors = child.communicate(timeout=CHILD_TIMEOUT_SECONDS)
-        self.assertIn("operation_not_pending", errors)
-        result = json.loads(json.loads(output)["result"])
-        self.assertEqual(result["error"], "crash_recovery_record_failed")
-        self.assertTrue(result["outcome_unknown"])
+        # (logging's last-resort handler prints WARNINGs and above, bare.)
+        self.assertIn("after an operator had resolved it", errors)
+        self.assertEqual(json.loads(output)["result"], {"status": "paid"})
+        status = self.cli("status", "--check", expect=3)
+        self.assertEqual((status["gate"], status["unresolved"]), ("open", []))
+        [late] = status["attention"]
+        self.assertEqual((late["operation_id"], late["late_reason"], late["tool"]),
+                         (operation_id, "returned", "send_payment"))
+        shown = self.cli("show", operation_id)
+        self.assertEqual([event["kind"] for event in shown["events"]],
+                         ["started", "resolved", "late_outcome"])
+        self.assertEqual(shown["events"][1]["operator"]["uid"], os.getuid())
+        self.assertIs(shown["events"][1]["forced"], True)
+        self.assertIn("acknowledge", self.cli_text("status", "--format", "text"))
+        refused = self.cli("acknowledge", operation_id, "--evidence", " ", expect=1)
+        self.assertEqual(refused["error"]["code"], "invalid_evidence")
+        acknowledged = self.cli("acknowledge", operation_id, "--evidence",
+                                "bank shows one payment P-7; the forced resolution stands")
+        self.assertEqual((acknowledged["acknowledged"], acknowledged["late_reason"]),
+                         (operation_id, "returned"))
+        self.assertEqual(self.cli("status", "--check")["attention"], [])
+        again = self.cli("acknowledge", operation_id, "--evidence", "again", expect=1)
+        self.assertEqual(again["error"]["code"], "nothing_to_acknowledge")
+        self.assertEqual([entry["action"] for entry in self.operator_log()],
+                         ["resolve", "acknowledge"])
         self.assertEqual(self.cli("verify")["unresolved_count"], 0)
         self.assertVerifies()
 
@@ -266,8 +290,10 @@ class RepairTest(OperatorTestCase):
 
         repaired = self.cli("repair-checkpoint", "--evidence",
                             f"host lost power while a {kind} event was written")
-        self.assertEqual(repaired["checkpoint_before"]["count"],
-                         repaired["checkpoint_after"]["count"] + 1)
+        # A lost event that may have been a started comes back as an open
+        # operation (two events); any other lost event is just dropped.
+        self.assertEqual(repaired["checkpoint_after"]["count"] - repaired["checkpoint_before"]["count"],
+                         1 if kind == "started" else -1)
         [entry] = [entry for entry in self.operator_log() if entry["action"] == "repair-checkpoint"]
         self.assertEqual({"time", "action", "evidence", "checkpoint_before", "checkpoint_after"}
                          - set(entry), set())
@@ -280,12 +306,23 @@ class RepairTest(OperatorTestCase):
         self.cli("repair-checkpoint", "--evidence", "twice", expect=1)  # nothing left to repair
         return repaired, self.cli("status")
 
-    def test_lost_started_never_existed_and_never_ran(self):
+    def test_lost_started_comes_back_as_an_open_operation(self):
+        # head.json one ahead with nothing open: the lost event may have been a
+        # started whose tool ran (e.g. committed into a WAL that was lost).  The
+        # repair never opens the gate for it: a person settles it.
         repaired, status = self.crash_and_repair("started")
         self.assertFalse(os.path.exists(self.ran_marker), "downstream ran before COMMIT")
-        self.assertEqual(status["unresolved"], [])
-        self.assertEqual(status["checkpoint"]["count"], 0)
-        self.assertIn("never ran", repaired["lost_event"])
+        [operation] = status["unresolved"]
+        self.assertEqual((operation["operation_id"], operation["tool"], operation["state"],
+                          operation["reason"]),
+                         (repaired["lost_operation"], "unknown", "uncertain", "lost_in_crash"))
+        self.assertEqual(status["checkpoint"]["count"], 2)
+        self.assertIn("lost_in_crash", repaired["lost_event"])
+        shown = self.cli("show", operation["operation_id"])
+        self.assertEqual(shown["events"][0]["lost_in_crash"], repaired["checkpoint_before"])
+        self.assertBlocks(operation["operation_id"])
+        self.cli("resolve", operation["operation_id"], "--outcome", "not_applied",
+                 "--evidence", "no booking in the airline portal at that time")
         self.assertEqual(self.guard().tool_execution(
             tool_name="book_flight", args={"to": "LIS"}, next_call=lambda: "booked"), "booked")
 
@@ -344,10 +381,8 @@ class RepairTest(OperatorTestCase):
             # The crash state (one ahead) on top of an edited row: refused too.
             with open(head_path, "w", encoding="utf-8") as stream:
                 json.dump(dict(checkpoint, count=count + 1, head="c" * 64), stream)
-            with sqlite3.connect(os.path.join(self.data_dir, "journal.sqlite3")) as connection:
-                connection.execute("UPDATE events SET payload = replace(payload, 'book_flight', 'book_hotel') "
-                                   "WHERE seq = 1")
-            connection.close()
+            reference.execute_sql(self.data_dir, "UPDATE events SET payload = replace(payload, "
+                                                 "'book_flight', 'book_hotel') WHERE seq = 1")
             before = self.snapshot()
             refused = self.cli("repair-checkpoint", "--evidence", "a crash, I think", expect=1)
             self.assertEqual(refused["error"]["code"], "hash_mismatch")
@@ -402,10 +437,8 @@ class ReadingTest(OperatorTestCase):
                          ("resolved", "completed"))
         self.cli("show", str(uuid.uuid4()), expect=1)
         self.cli("show", "not-an-id", expect=1)
-        with sqlite3.connect(os.path.join(self.data_dir, "journal.sqlite3")) as connection:
-            connection.execute("UPDATE events SET payload = replace(payload, 'book_flight', 'book_hotel') "
-                               "WHERE seq = 3")
-        connection.close()
+        reference.execute_sql(self.data_dir, "UPDATE events SET payload = replace(payload, "
+                                             "'book_flight', 'book_hotel') WHERE seq = 3")
         self.assertEqual(self.cli("show", self.operation_id, expect=1)["integrity"],
                          "hash_mismatch")
 

@@ -155,31 +155,49 @@ class RegisterTests(JournalTestCase):
         self.assertEqual(ctx.config_reads, [])  # read lazily, at the first call
 
     def test_settings_via_get_config(self):
-        ctx = ConfigContext({"read_only_tools": ["lookup_receipt"]})
+        ctx = ConfigContext({"read_only_tools": ["lookup_receipt"], "busy_timeout": 2})
         guard = self.registered(ctx)[0][2].__self__
-        self.assertEqual(guard.exempt_tools(),
-                         frozenset({"lookup_receipt", *TOOL_NAMES}))
-        self.assertEqual(ctx.config_reads, [("read_only_tools", None)])
+        self.assertEqual(ctx.config_reads, [])  # registration reads nothing
+        settings = guard.settings()
+        self.assertEqual((settings.mode, settings.tools, settings.busy_timeout, settings.problem),
+                         ("read_only_tools", frozenset({"lookup_receipt"}), 2.0, None))
+        self.assertIn(("read_only_tools", None), ctx.config_reads)
         self.assertTrue(guard.is_protected("read_file"))
+        self.assertFalse(guard.is_protected("lookup_receipt"))
 
     def test_get_config_without_the_key_keeps_defaults(self):
         guard = self.registered(ConfigContext({}))[0][2].__self__
-        self.assertEqual(guard.exempt_tools(), frozenset({"read_file", "search_files", *TOOL_NAMES}))
+        self.assertEqual(guard.settings().tools, frozenset({"read_file", "search_files"}))
+        self.assertFalse(any(guard.is_protected(name) for name in TOOL_NAMES))
 
     def test_settings_via_host_config_loader_without_get_config(self):
+        def entry(settings, subtree="settings"):
+            return {"plugins": {"entries": {"crash-recovery": {subtree: settings}}}}
+
         cases = [
-            ({"plugins": {"entries": {"crash-recovery": {"settings": {
-                "read_only_tools": ["lookup_receipt"]}}}}}, {"lookup_receipt"}),
-            ({"plugins": {"entries": {"crash-recovery": {"config": {
-                "read_only_tools": ["legacy_tool"]}}}}}, {"legacy_tool"}),
-            ({}, {"read_file", "search_files"}),
-            (None, {"read_file", "search_files"}),
+            (entry({"read_only_tools": ["lookup_receipt"]}), "read_only_tools",
+             {"lookup_receipt"}, None),
+            (entry({"read_only_tools": ["legacy_tool"]}, "config"), "read_only_tools",
+             {"legacy_tool"}, None),
+            # what `hermes config set ... '["a","b"]'` stores: a string
+            (entry({"protected_tools": '["book_trip", "send_payment"]'}), "protected_tools",
+             {"book_trip", "send_payment"}, None),
+            (entry({"protected_tools": "book_trip, send_payment"}), "protected_tools",
+             {"book_trip", "send_payment"}, None),
+            (entry({"read_only_tool": ["read_file"]}), "read_only_tools", set(), "read_only_tool"),
+            ({}, "read_only_tools", {"read_file", "search_files"}, None),
+            (None, "read_only_tools", {"read_file", "search_files"}, None),
         ]
-        for raw_config, exempt in cases:
+        for raw_config, mode, tools, problem in cases:
             with self.subTest(raw_config=raw_config):
                 with mock.patch.dict(sys.modules, fake_host_modules(self.home, raw_config=raw_config)):
                     guard = self.registered(StubContext())[0][2].__self__
-                    self.assertEqual(guard.exempt_tools(), frozenset(exempt | set(TOOL_NAMES)))
+                    settings = guard.settings()
+                    self.assertEqual((settings.mode, settings.tools), (mode, frozenset(tools)))
+                    if problem is None:
+                        self.assertIsNone(settings.problem)
+                    else:
+                        self.assertIn(problem, settings.problem)
 
     def test_data_dir_from_hermes_home(self):
         ctx = StubContext()

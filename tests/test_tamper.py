@@ -47,10 +47,14 @@ def _rows(database):
 
 
 def _sql(database, *statements):
-    """Edit through another sqlite3 connection (the live guard keeps its own)."""
+    """Edit through another sqlite3 connection (the live guard keeps its own),
+    as a determined editor would: the append-only triggers are dropped first."""
     connection = sqlite3.connect(database, isolation_level=None)
     try:
         connection.execute("BEGIN IMMEDIATE")
+        for (name,) in connection.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'trigger'").fetchall():
+            connection.execute(f'DROP TRIGGER "{name}"')
         for statement, parameters in statements:
             connection.execute(statement, parameters)
         connection.execute("COMMIT")
@@ -207,6 +211,32 @@ def marker_corrupt(f):
     _write(f.marker, b"garbage\n")
 
 
+def foreign_trigger(f):
+    # Every later append would "commit" no row (the review's reproduction).
+    _sql(f.database, ("CREATE TRIGGER t BEFORE INSERT ON events BEGIN SELECT RAISE(IGNORE); END",
+                      ()))
+
+
+def foreign_trigger_keeping_ours(f):
+    connection = sqlite3.connect(f.database)
+    try:  # without dropping the plugin's triggers
+        connection.execute("CREATE TRIGGER audit AFTER INSERT ON events BEGIN "
+                           "SELECT 1; END")
+        connection.commit()
+    finally:
+        connection.close()
+
+
+def view_shadowing_events(f):
+    _sql(f.database, ("ALTER TABLE events RENAME TO events_kept", ()),
+         ("CREATE VIEW events AS SELECT * FROM events_kept", ()),
+         ("CREATE TRIGGER v INSTEAD OF INSERT ON events BEGIN SELECT 1; END", ()))
+
+
+def extra_index(f):
+    _sql(f.database, ("CREATE INDEX by_payload ON events(payload)", ()))
+
+
 def database_deleted(f):
     os.remove(f.database)  # the live connection keeps the WAL (and -shm) beside it
 
@@ -241,6 +271,14 @@ CASES = {
     "marker_corrupt": (marker_corrupt, "marker_corrupt", "marker_corrupt", "marker_corrupt"),
     "database_deleted": (database_deleted, "missing_database", "missing_database",
                          "missing_database"),
+    "foreign_trigger": (foreign_trigger, "foreign_schema_object", "foreign_schema_object",
+                        "foreign_schema_object"),
+    "foreign_trigger_keeping_ours": (foreign_trigger_keeping_ours, "foreign_schema_object",
+                                     "foreign_schema_object", "foreign_schema_object"),
+    "view_shadowing_events": (view_shadowing_events, "foreign_schema_object",
+                              "foreign_schema_object", "foreign_schema_object"),
+    "extra_index": (extra_index, "foreign_schema_object", "foreign_schema_object",
+                    "foreign_schema_object"),
 }
 
 

@@ -1,0 +1,149 @@
+"""What crash-recovery needs from its Hermes host (docs/guard.md §Inside Hermes).
+
+Everything here is resolved lazily, at first use, never in ``register(ctx)``:
+
+* :func:`resolve_data_dir` -- the active profile's plugin data directory;
+* :func:`settings_reader` -- the profile's ``plugins.entries.crash-recovery.settings``;
+* :func:`command_prefix` -- ``hermes [-p PROFILE] crash-recovery``, the way an
+  operator runs the commands in this profile (no paths: safe for a chat);
+* :func:`slash_command` -- the read-only ``/crash-recovery`` summary.
+
+Hermes modules are imported inside the functions: this module imports on any
+Python, and outside Hermes the functions raise ``ImportError`` (the callers
+turn that into a clear refusal).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from . import report
+from .errors import JournalError
+from .settings import KNOWN_KEYS
+
+PLUGIN_NAME = "crash-recovery"
+
+
+def resolve_data_dir() -> Path:
+    """The profile's data directory: the host's
+    ``plugins.plugin_storage.plugin_data_dir`` where it exists (Hermes >= 0.20),
+    else ``<HERMES_HOME>/plugin-data/crash-recovery`` from ``get_hermes_home()``
+    (which follows ``HERMES_HOME`` and ``hermes -p PROFILE``).  Raises
+    ``ImportError`` outside Hermes."""
+    try:
+        from plugins.plugin_storage import plugin_data_dir  # type: ignore[import-not-found]
+    except ImportError:
+        from hermes_constants import get_hermes_home  # type: ignore[import-not-found]
+        return Path(get_hermes_home()) / "plugin-data" / PLUGIN_NAME
+    return Path(plugin_data_dir(PLUGIN_NAME))
+
+
+def settings_reader(ctx: Any) -> Callable[[], Optional[dict]]:
+    """A zero-argument reader of the raw settings mapping (None: nothing set).
+
+    The profile's ``config.yaml`` through Hermes' own loader gives the whole
+    mapping, so an unknown key (a typo) is seen; where the host has
+    ``ctx.get_config`` (newer releases) the known keys come from it.
+    """
+    get_config: Optional[Callable] = getattr(ctx, "get_config", None)
+
+    def read() -> Optional[dict]:
+        found = _settings_from_config_file()
+        if callable(get_config):
+            for key in KNOWN_KEYS:
+                value = get_config(key, None)
+                if value is not None:
+                    found = {**(found or {}), key: value}
+        return found
+
+    return read
+
+
+def _settings_from_config_file() -> Optional[dict]:
+    """``plugins.entries.crash-recovery.settings`` (or the legacy ``config``
+    subtree) of the profile's ``config.yaml``, or None."""
+    try:
+        from hermes_cli.config import read_raw_config  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    config = read_raw_config() or {}
+    plugins = config.get("plugins") if isinstance(config, dict) else None
+    entries = plugins.get("entries") if isinstance(plugins, dict) else None
+    entry = entries.get(PLUGIN_NAME) if isinstance(entries, dict) else None
+    if not isinstance(entry, dict):
+        return None
+    for subtree in ("settings", "config"):  # "config" is the legacy spelling
+        if entry.get(subtree) is not None:
+            return entry[subtree]
+    return None
+
+
+def profile_name() -> Optional[str]:
+    """The active profile's name (``default``, a name, or ``custom`` for a
+    HERMES_HOME elsewhere); None outside Hermes."""
+    try:
+        from hermes_cli.profiles import get_active_profile_name  # type: ignore[import-not-found]
+    except ImportError:
+        home = os.environ.get("HERMES_HOME")
+        if home and Path(home).parent.name == "profiles":
+            return Path(home).name
+        return None
+    return get_active_profile_name()
+
+
+def command_prefix() -> tuple:
+    """``hermes [-p PROFILE] crash-recovery``: how an operator runs the commands
+    in this profile."""
+    return report.hermes_prefix(profile_name())
+
+
+def slash_command(status_report: Callable[[], dict]) -> Callable[[str], str]:
+    """The ``/crash-recovery`` handler: a read-only summary of
+    ``status_report()`` (the guard's).  It never resolves anything."""
+    def handle(raw_args: str = "") -> str:
+        try:
+            return summary_text(status_report(), command_prefix())
+        except (Exception, JournalError) as exc:  # a slash command must answer, not raise
+            return f"crash-recovery: status unavailable ({type(exc).__name__}: {exc})"
+    return handle
+
+
+def summary_text(status: dict, prefix: tuple) -> str:
+    """The ``/crash-recovery`` text: the gate, each open operation (tool, age,
+    owner, the exact command that settles it), late outcomes, the settings."""
+    lines = []
+    if not status.get("ok"):
+        error = status.get("error") or {}
+        lines.append(f"crash-recovery: gate CLOSED -- the journal cannot be used "
+                     f"({status.get('integrity')}: {error.get('message', status.get('poisoned'))}).")
+        lines.append(f"Inspect: {report.command_line(prefix, 'verify')}")
+    elif status.get("unresolved"):
+        lines.append(f"crash-recovery: gate CLOSED -- {len(status['unresolved'])} protected "
+                     "call(s) with an unknown outcome block every protected tool in this profile:")
+        for operation in status["unresolved"]:
+            worker = {"running": f"its worker still runs (pid {operation.get('owner_pid')})",
+                      "gone": "its worker is gone"}.get(operation.get("owner"), "worker unknown")
+            reason = f", {operation['reason']}" if operation.get("reason") else ""
+            lines.append(f"- {operation['operation_id']} {operation['tool']}: "
+                         f"{operation['state']}{reason}, started "
+                         f"{report.describe_age(operation['age_seconds'])} ago, {worker}")
+            lines.append("  settle it: " + report.command_line(
+                prefix, "resolve", operation["operation_id"], "--outcome",
+                "<completed|not_applied>", "--evidence", "<what you checked>"))
+    else:
+        state = "busy (a protected call is running)" if status.get("gate") == "busy" else "open"
+        count = (status.get("checkpoint") or {}).get("count", 0)
+        lines.append(f"crash-recovery: gate {state} -- nothing unresolved; the journal verified "
+                     f"({count} events).")
+    for operation in status.get("attention") or []:
+        lines.append(f"! {operation['operation_id']} {operation['tool']} returned "
+                     f"({operation.get('late_reason')}) after it was resolved: check it, then "
+                     + report.command_line(prefix, "acknowledge", operation["operation_id"],
+                                           "--evidence", "<what you did>"))
+    problem = (status.get("settings") or {}).get("problem")
+    if problem:
+        lines.append(f"! settings problem (every tool is protected until fixed): {problem}")
+    lines.append("This command only reports; it never resolves anything. Settling an outcome "
+                 "needs a person who has stopped the workers and checked the real service.")
+    return "\n".join(lines)

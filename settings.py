@@ -1,0 +1,176 @@
+"""The plugin's settings: which tools are protected, and how hard to verify
+(docs/guard.md §Settings).
+
+Settings live in the profile's ``config.yaml`` under
+``plugins.entries.crash-recovery.settings``.  People write them by hand and
+with ``hermes config set``, which stores a list typed on the command line as a
+*string* (``'["a", "b"]'``), so a tool list may be a YAML list, a JSON list
+string or a comma-separated string.  Anything that cannot be read exactly --
+another type, an unknown key (a typo such as ``read_only_tool``), both modes at
+once -- is a *settings problem*: the guard then fails closed (every tool but the
+two inspection tools is protected) and ``status`` shows the problem with the
+offending value.  Pure functions; no I/O.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from .database import DEFAULT_BUSY_TIMEOUT_SECONDS
+from .journal import DEFAULT_FULL_VERIFICATION_INTERVAL_SECONDS
+
+# Exempt by default in the read-only-tools mode; a configured list replaces them.
+DEFAULT_READ_ONLY_TOOLS = ("read_file", "search_files")
+# Always exempt, whatever the configuration says: the model's own inspection tools.
+INSPECTION_TOOLS = ("crash_recovery_status", "crash_recovery_verify")
+MODE_READ_ONLY_TOOLS = "read_only_tools"
+MODE_PROTECTED_TOOLS = "protected_tools"
+KNOWN_KEYS = ("read_only_tools", "protected_tools", "full_verification",
+              "full_verification_interval", "archive_after_events", "busy_timeout")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Parsed settings.
+
+    ``mode``: ``read_only_tools`` (every tool except ``tools`` and the
+    inspection tools is protected) or ``protected_tools`` (only ``tools`` are).
+    ``full_verification_interval`` and ``busy_timeout`` in seconds;
+    ``archive_after_events``: archive automatically at this live-segment
+    length, or None (off).  ``problem``: why the configured value could not be
+    used (the rest are then the fail-closed values), or None.
+    """
+    mode: str = MODE_READ_ONLY_TOOLS
+    tools: frozenset = frozenset(DEFAULT_READ_ONLY_TOOLS)
+    full_verification: bool = False
+    full_verification_interval: float = DEFAULT_FULL_VERIFICATION_INTERVAL_SECONDS
+    archive_after_events: Optional[int] = None
+    busy_timeout: float = DEFAULT_BUSY_TIMEOUT_SECONDS
+    problem: Optional[str] = None
+    raw: dict = field(default_factory=dict, compare=False)
+
+    def is_protected(self, tool_name: Any) -> bool:
+        """Whether calls of ``tool_name`` are journaled and gated.  Names that
+        are not text are protected (fail closed)."""
+        if not isinstance(tool_name, str):
+            return True
+        if tool_name in INSPECTION_TOOLS:
+            return False
+        if self.mode == MODE_PROTECTED_TOOLS:
+            return tool_name in self.tools
+        return tool_name not in self.tools
+
+    def to_json(self) -> dict:
+        """The settings as shown by ``status``."""
+        shown = {"mode": self.mode, self.mode: sorted(self.tools),
+                 "full_verification": self.full_verification,
+                 "full_verification_interval": self.full_verification_interval,
+                 "archive_after_events": self.archive_after_events,
+                 "busy_timeout": self.busy_timeout}
+        if self.problem:
+            shown["problem"] = self.problem
+        return shown
+
+
+FAIL_CLOSED = Settings(tools=frozenset())
+
+
+def parse_tool_list(value: Any, key: str) -> tuple:
+    """A tool list from a list of names, a JSON list string or a comma-separated
+    string; raises ``ValueError`` naming ``key`` and the value otherwise."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                value = json.loads(text)
+            except ValueError:
+                raise ValueError(f"{key} is text that starts like a JSON list but is not "
+                                 f"one: {_shown(value)}") from None
+        else:
+            return tuple(name.strip() for name in text.split(",") if name.strip())
+    if isinstance(value, (list, tuple)) and all(isinstance(name, str) and name.strip()
+                                                for name in value):
+        return tuple(name.strip() for name in value)
+    raise ValueError(f"{key} must be a list of tool names (or a JSON list / comma-separated "
+                     f"string), got {_shown(value)}")
+
+
+def parse_settings(raw: Any) -> Settings:
+    """:class:`Settings` from the raw ``settings`` mapping (None: nothing set).
+    Never raises: a problem gives :data:`FAIL_CLOSED` with ``problem`` set."""
+    if raw is None:
+        return Settings()
+    if not isinstance(raw, dict):
+        return _failed(f"plugins.entries.crash-recovery.settings must be a mapping, got "
+                       f"{_shown(raw)}", raw)
+    try:
+        unknown = sorted(str(key) for key in raw if key not in KNOWN_KEYS)
+        if unknown:
+            raise ValueError(f"unknown setting(s) {', '.join(unknown)} (known: "
+                             f"{', '.join(KNOWN_KEYS)})")
+        if raw.get("read_only_tools") is not None and raw.get("protected_tools") is not None:
+            raise ValueError("read_only_tools and protected_tools are both set; choose one mode")
+        mode, tools = MODE_READ_ONLY_TOOLS, DEFAULT_READ_ONLY_TOOLS
+        for key in (MODE_READ_ONLY_TOOLS, MODE_PROTECTED_TOOLS):
+            if raw.get(key) is not None:
+                mode, tools = key, parse_tool_list(raw[key], key)
+        return Settings(
+            mode=mode, tools=frozenset(tools),
+            full_verification=_flag(raw.get("full_verification", False), "full_verification"),
+            full_verification_interval=_seconds(
+                raw.get("full_verification_interval", DEFAULT_FULL_VERIFICATION_INTERVAL_SECONDS),
+                "full_verification_interval"),
+            archive_after_events=_count(raw.get("archive_after_events"), "archive_after_events"),
+            busy_timeout=_seconds(raw.get("busy_timeout", DEFAULT_BUSY_TIMEOUT_SECONDS),
+                                  "busy_timeout"),
+            raw=dict(raw))
+    except ValueError as exc:
+        return _failed(str(exc), raw)
+
+
+def _failed(problem: str, raw: Any) -> Settings:
+    return Settings(tools=frozenset(), full_verification=True, problem=problem,
+                    raw=raw if isinstance(raw, dict) else {})
+
+
+def _flag(value: Any, key: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise ValueError(f"{key} must be true or false, got {_shown(value)}")
+
+
+def _number(value: Any, key: str) -> float:
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            pass
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{key} must be a number, got {_shown(value)}")
+    return float(value)
+
+
+def _seconds(value: Any, key: str) -> float:
+    seconds = _number(value, key)
+    if seconds <= 0:
+        raise ValueError(f"{key} must be more than 0 seconds, got {_shown(value)}")
+    return seconds
+
+
+def _count(value: Any, key: str) -> Optional[int]:
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "null", "off")):
+        return None
+    number = _number(value, key)
+    if number != int(number) or number < 2:
+        raise ValueError(f"{key} must be a whole number of at least 2 (or null), got "
+                         f"{_shown(value)}")
+    return int(number)
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 200 else text[:200] + "..."

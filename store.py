@@ -1,0 +1,431 @@
+"""The journal's store: verified snapshots, the writer lock, and the append
+protocol (docs/format.md §Append, §What is checked when).
+
+:class:`JournalStore` owns the SQLite connection (through :class:`Database`)
+and the files beside it (through :class:`DurableFiles`), and offers three
+things to :class:`journal.Journal`:
+
+* :meth:`JournalStore.snapshot` -- the verified chain, verified on a read
+  snapshot (no writer lock): the whole history the first time, after a schema
+  change, after an unexplained file change, after the full-verification
+  interval; otherwise only the rows appended since;
+* :meth:`JournalStore.writing` -- the writer lock (``BEGIN IMMEDIATE``) held
+  around a chain brought up to date cheaply, then COMMIT;
+* :meth:`JournalStore.append` -- one event: INSERT, confirm the stored row,
+  replace ``head.json``.
+
+Failure semantics are those of the module docstring of ``journal.py``.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sqlite3
+import threading
+import time
+from typing import Iterator, Optional
+
+from . import forksafe
+from .chain import Chain, PossibleReuse, apply_event, extend_chain
+from .database import (SQL_INSERT_EVENT, SQL_SELECT_EVENTS_BETWEEN, SQL_SELECT_HASH_AT,
+                       SQL_SELECT_OPERATION_EVENTS, SQL_SELECT_PAYLOAD_AT, SQL_SELECT_ROW,
+                       SQL_SELECT_ROWS_AFTER, Database, translate_sqlite_error)
+from .durable import BOUNDARY_KIND_GENESIS, BOUNDARY_KIND_MARKER, DurableFiles, reach_boundary
+from .errors import AdmissionRefused, IntegrityError, JournalError, JournalUnavailable
+from .record import (SCHEMA, canonical_text, decode_payload, event_hash, genesis_hash,
+                     payload_problem)
+
+logger = logging.getLogger(__name__)
+
+# A reader's snapshot may be older than head.json, which live writers replace
+# before they COMMIT; it re-reads this many times, this many seconds apart,
+# before it reports the checkpoint as ahead.
+READ_RETRY_ATTEMPTS = 20
+READ_RETRY_PAUSE_SECONDS = 0.02
+# A writer whose snapshot went stale under the lock (the schema changed, or the
+# files changed behind SQLite) verifies again this many times before it gives up.
+WRITE_ATTEMPTS = 3
+
+
+class _StaleSnapshot(Exception):
+    """Internal: what the snapshot verified may have changed in a way only a
+    full verification (outside the writer lock) can judge."""
+
+
+class JournalStore:
+    """Verified snapshots and appends for one data directory.
+
+    Arguments as :class:`journal.Journal`.  Not thread-safe by itself beyond
+    :attr:`lock`, which every caller holds around a snapshot or a write.
+    Raises only :class:`JournalError` subclasses.
+    """
+
+    def __init__(self, data_dir: str, *, busy_timeout: float, readonly: bool, create: bool,
+                 full_verification: bool, full_verification_interval: float):
+        self.data_dir = data_dir
+        self.readonly = readonly
+        self.create = create
+        self.full_verification = full_verification
+        self.full_verification_interval = full_verification_interval
+        self.database = Database(data_dir, busy_timeout=busy_timeout, readonly=readonly,
+                                 create=create)
+        self.files = DurableFiles(data_dir)
+        self.lock = threading.RLock()
+        self._temp_files_checked = False
+        self.forget()
+        forksafe.register(self)
+
+    def forget(self) -> None:
+        """Drop every cached verification result (the next snapshot is full)."""
+        self._chain: Optional[Chain] = None
+        self._schema_version: Optional[int] = None
+        self._data_version: Optional[int] = None
+        self._missing_triggers: list = []
+        self._full_at = 0.0
+
+    def _after_fork_in_child(self) -> None:
+        self.lock = threading.RLock()  # another thread may have held it at the fork
+        self.forget()
+
+    def close(self) -> None:
+        """Close the connection (idempotent)."""
+        with self.lock:
+            self.database.close()
+            self.files.forget()
+            self.forget()
+
+    # ----------------------------------------------------------- queries --
+
+    def hash_at(self, seq: int) -> Optional[str]:
+        """The stored hash of event ``seq``, or None."""
+        return self._one(SQL_SELECT_HASH_AT, (seq,))
+
+    def payload_at(self, seq: int) -> Optional[str]:
+        """The stored payload text of event ``seq``, or None."""
+        return self._one(SQL_SELECT_PAYLOAD_AT, (seq,))
+
+    def mentions(self, operation_id: str, until: int) -> bool:
+        """Whether any event up to ``until`` names ``operation_id`` (one scan)."""
+        return self._one(SQL_SELECT_OPERATION_EVENTS + " LIMIT 1",
+                         (0, until, f'"operation_id":"{operation_id}"')) is not None
+
+    def _one(self, query: str, parameters: tuple):
+        try:
+            row = self.database.connection.execute(query, parameters).fetchone()
+        except sqlite3.Error as exc:
+            raise translate_sqlite_error(exc, "reading the journal") from None
+        return row[0] if row else None
+
+    def rows(self, since: int, until: int, operation_id: Optional[str]) -> Iterator[tuple]:
+        """``(seq, payload dict)`` for ``since`` < seq <= ``until``, only those of
+        ``operation_id`` when given; streamed."""
+        if operation_id is None:
+            query, parameters = SQL_SELECT_EVENTS_BETWEEN, (since, until)
+        else:  # instr() keeps other operations' payloads out of Python entirely
+            query, parameters = SQL_SELECT_OPERATION_EVENTS, (since, until, operation_id)
+        try:
+            for seq, payload_text in self.database.connection.execute(query, parameters):
+                payload = decode_payload(payload_text)
+                if operation_id is None or payload.get("operation_id") == operation_id:
+                    yield seq, payload
+        except sqlite3.Error as exc:
+            raise translate_sqlite_error(exc, "reading events") from None
+
+    # --------------------------------------------------------- appends --
+
+    def append(self, chain: Chain, fields: dict) -> None:
+        """docs/format.md §Append steps 1-2 (the caller's transaction commits).
+        ``chain`` is updated in place; on failure the caller discards it."""
+        kind = fields["kind"]
+        payload = {"schema": chain.schema, "timestamp_ns": time.time_ns(), **fields}
+        payload_text = canonical_text(payload)
+        problem = payload_problem(payload, chain.schema)
+        if problem is not None:
+            raise AdmissionRefused("invalid_request", f"refusing to write an invalid event: {problem}")
+        seq, previous = chain.count + 1, chain.head
+        new_hash = event_hash(previous, payload_text)
+        self._appending = True  # from here on a failure invalidates the cached chain
+        try:
+            apply_event(chain, seq, payload, payload_text.encode("utf-8"))
+        except PossibleReuse:
+            raise AdmissionRefused("invalid_request", "the new operation id collides with an "
+                                   "earlier one; nothing was written") from None
+        connection = self.database.connection
+        try:
+            if self._missing_triggers:
+                self.database.create_triggers(connection, self._missing_triggers)
+                logger.warning("crash-recovery: re-created the journal's append-only triggers "
+                               "%s after a full verification (a journal from an older version, "
+                               "or someone dropped them)", ", ".join(self._missing_triggers))
+                self._missing_triggers, self._schema_changed = [], True
+            stored = connection.execute(SQL_INSERT_EVENT, (seq, payload_text, previous, new_hash))
+            row = connection.execute(SQL_SELECT_ROW, (seq,)).fetchone()
+        except sqlite3.Error as exc:
+            raise translate_sqlite_error(exc, f"inserting the {kind} event") from None
+        if stored.rowcount != 1 or row != (payload_text, previous, new_hash):
+            raise IntegrityError("append_not_stored", f"the {kind} event was not stored as "
+                                 "written (a trigger or view not created by crash-recovery?); "
+                                 "nothing was committed", seq=seq)
+        reach_boundary("inserted", kind)
+        self._undo_checkpoint = {**chain.checkpoint(), "count": seq - 1, "head": previous}
+        chain.count, chain.head = seq, new_hash
+        self.files.write_checkpoint(chain.checkpoint(), announce=kind)
+
+    # ------------------------------------------------------ transactions --
+
+    @contextlib.contextmanager
+    def writing(self, kind: str, check_checkpoint: bool = True) -> Iterator[Chain]:
+        """Hold the writer lock (``BEGIN IMMEDIATE``) with a verified chain; commit
+        after a clean exit.  Before COMMIT, a failure puts head.json back (still
+        under the lock, only if this writer replaced it) and rolls back; a failed
+        COMMIT leaves head.json as written (``commit_failed``, see the module
+        docstring).  ``kind`` names the event for the boundary hook."""
+        if self.readonly:
+            raise JournalUnavailable("storage_unavailable", "journal opened read-only")
+        with self.lock:
+            chain, connection = self._locked_chain(kind, check_checkpoint)
+            self._appending = self._schema_changed = False
+            self._undo_checkpoint: Optional[dict] = None
+            self.files.checkpoint_replaced = False
+            try:
+                yield chain
+            except BaseException:
+                self._abandon_transaction(connection)
+                raise
+            if connection.in_transaction:
+                try:
+                    connection.execute("COMMIT")
+                except sqlite3.Error as exc:
+                    self.forget()
+                    with contextlib.suppress(sqlite3.Error):
+                        connection.execute("ROLLBACK")
+                    self.database.close()  # the next use sees what is durable
+                    raise JournalUnavailable(
+                        "commit_failed", f"COMMIT of the {kind} event failed ({exc}); it may or "
+                        "may not be durable, and head.json names it either way",
+                        event_kind=kind) from None
+            self._after_commit(connection)
+            if kind:
+                reach_boundary("committed", kind)
+
+    def _abandon_transaction(self, connection: sqlite3.Connection) -> None:
+        """Before COMMIT: head.json back to what it was (if this writer replaced
+        it), then ROLLBACK -- in that order, so no other writer can interleave."""
+        if self.files.checkpoint_replaced and self._undo_checkpoint is not None:
+            with contextlib.suppress(JournalError, OSError):
+                self.files.write_checkpoint(self._undo_checkpoint, announce="")
+        with contextlib.suppress(sqlite3.Error):
+            connection.execute("ROLLBACK")
+        if self._appending:
+            self.forget()  # half-appended: verify again from the database
+        self.database.remember_files()
+
+    def _after_commit(self, connection: sqlite3.Connection) -> None:
+        """Bookkeeping after a successful COMMIT; never raises (the event is
+        durable, whatever happens here: a failure only costs a re-verification)."""
+        try:
+            if self._schema_changed:
+                self._schema_version = connection.execute("PRAGMA schema_version").fetchone()[0]
+        except sqlite3.Error:
+            self.forget()
+        self.database.remember_files()
+
+    def _locked_chain(self, kind: str, check_checkpoint: bool) -> tuple:
+        """Verify on a snapshot, take the writer lock, catch up; returns
+        ``(chain, connection)`` with the lock held."""
+        for _ in range(WRITE_ATTEMPTS):
+            chain = self.snapshot(check_files=False)
+            connection = self.database.connection
+            try:
+                connection.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise translate_sqlite_error(exc, "taking the journal writer lock") from None
+            try:
+                reach_boundary("begin", kind)
+                if not self._temp_files_checked:
+                    self.files.remove_stale_temp_files()
+                    self._temp_files_checked = True
+                chain = self._catch_up_locked(connection, chain)
+                if chain.count == 0:
+                    self._complete_initialization(chain)
+                if check_checkpoint:
+                    self.check_files(chain)
+                return chain, connection
+            except _StaleSnapshot:
+                with contextlib.suppress(sqlite3.Error):
+                    connection.execute("ROLLBACK")
+                self.forget()
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):
+                    connection.execute("ROLLBACK")
+                self.forget()
+                raise
+        raise JournalUnavailable("database_locked", "the journal kept changing while it was "
+                                 "being verified; nothing was written")
+
+    def _catch_up_locked(self, connection: sqlite3.Connection, chain: Chain) -> Chain:
+        """Under the writer lock: what changed since the snapshot.  Cheap --
+        the WAL's identity, the schema cookie, rows appended meanwhile -- or
+        :class:`_StaleSnapshot` when only a full verification can judge."""
+        try:
+            self.database.check_wal()
+            if connection.execute("PRAGMA schema_version").fetchone()[0] != self._schema_version:
+                raise _StaleSnapshot()
+            version = connection.execute("PRAGMA data_version").fetchone()[0]
+            if version != self._data_version:
+                if not self._extend_cached(connection, chain):
+                    raise _StaleSnapshot()
+                self._data_version = version
+            elif self.database.files_touched():
+                raise _StaleSnapshot()  # changed behind SQLite's back: a raw edit?
+        except sqlite3.Error as exc:
+            raise translate_sqlite_error(exc, "verifying the journal") from None
+        except PossibleReuse:
+            raise _StaleSnapshot() from None
+        return chain
+
+    def snapshot(self, *, full: bool = False, check_files: bool = True) -> Chain:
+        """The verified chain, verified on a read snapshot: the whole history
+        when nothing is cached, when asked, when the schema changed, when the
+        files changed with no commit to explain it, or when the interval has
+        passed; else only what was appended since.  ``check_files``: also check
+        the marker and head.json (re-reading a head.json a live writer has moved
+        ahead).  A database without tables gets its journal when this store may
+        create one, else ``journal_absent``."""
+        connection = self.database.connect()
+        touched = self.database.files_touched()
+        for attempt in range(READ_RETRY_ATTEMPTS):
+            try:
+                connection.execute("BEGIN")
+                schema_version = connection.execute("PRAGMA schema_version").fetchone()[0]
+                data_version = connection.execute("PRAGMA data_version").fetchone()[0]
+                chain = self._chain
+                stale = (chain is None or full or self.full_verification
+                         or schema_version != self._schema_version
+                         or (touched and data_version == self._data_version)
+                         or time.monotonic() - self._full_at > self.full_verification_interval)
+                if stale or not self._extend_cached(connection, chain):
+                    chain = self._full_chain(connection)
+                connection.execute("ROLLBACK")  # a read snapshot: nothing to commit
+            except sqlite3.Error as exc:
+                self.forget()
+                raise translate_sqlite_error(exc, "verifying the journal") from None
+            except BaseException:
+                self.forget()
+                raise
+            finally:
+                if connection.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        connection.execute("ROLLBACK")
+            if chain is None:  # a fresh database without tables
+                if self.create:
+                    return self._create(connection)
+                raise JournalUnavailable("journal_absent",
+                                         f"the journal in {self.data_dir} has no tables yet")
+            self._chain, self._schema_version, self._data_version = chain, schema_version, data_version
+            self.database.remember_files()
+            full = touched = False
+            if not check_files:
+                return chain
+            try:
+                self.check_files(chain)
+                return chain
+            except IntegrityError as exc:
+                # A live writer keeps head.json ahead of an older snapshot; a
+                # real rollback stays ahead after catching up.
+                if (exc.code not in ("checkpoint_ahead", "journal_rolled_back")
+                        or attempt == READ_RETRY_ATTEMPTS - 1):
+                    raise
+            time.sleep(READ_RETRY_PAUSE_SECONDS)
+        raise AssertionError("unreachable")
+
+    def _extend_cached(self, connection: sqlite3.Connection, chain: Optional[Chain]) -> bool:
+        """Extend the cached chain with the rows appended since; False when the
+        last verified row is no longer there as it was (verify everything)."""
+        if chain is None:
+            return False
+        if chain.count and self._hash_at_locked(connection, chain.count) != chain.head:
+            return False
+        try:
+            extend_chain(chain, connection.execute(SQL_SELECT_ROWS_AFTER, (chain.count,)))
+        except PossibleReuse:
+            return False
+        except JournalError:
+            self._chain = None
+            raise
+        return True
+
+    @staticmethod
+    def _hash_at_locked(connection: sqlite3.Connection, seq: int) -> Optional[str]:
+        row = connection.execute(SQL_SELECT_HASH_AT, (seq,)).fetchone()
+        return row[0] if row else None
+
+    def _full_chain(self, connection: sqlite3.Connection) -> Optional[Chain]:
+        """Verify the whole history in the current read transaction (None for a
+        database without tables).  On :class:`PossibleReuse` once more with exact ids."""
+        surviving = (os.path.lexists(self.files.marker_path)
+                     or os.path.lexists(self.files.checkpoint_path))
+        genesis = self.database.read_genesis(connection, surviving)
+        if genesis is None:
+            return None
+        journal_id, schema, self._missing_triggers = genesis
+        self.files.check_marker_identity(journal_id)
+        for exact in (None, set()):
+            chain = Chain(journal_id=journal_id, schema=schema, count=0,
+                          head=genesis_hash(journal_id, schema), exact_ids=exact)
+            try:
+                extend_chain(chain, connection.execute(SQL_SELECT_ROWS_AFTER, (0,)), full=True)
+            except PossibleReuse:
+                continue
+            break
+        self._full_at = time.monotonic()
+        if chain.archive is not None:
+            from .archive import check_anchor  # archives are rare; imported on use
+            check_anchor(self.data_dir, chain.archive, chain.journal_id)
+        return chain
+
+    def _create(self, connection: sqlite3.Connection) -> Chain:
+        """Create the journal of a fresh database -- tables, then head.json and
+        the marker -- under the writer lock (a concurrent creator may win: then
+        its journal is used, and completed if it died half-way)."""
+        try:
+            connection.execute("BEGIN IMMEDIATE")
+            try:
+                genesis = self.database.read_genesis(connection, False)
+                if genesis is None:
+                    journal_id, schema = self.database.initialize(connection), SCHEMA
+                else:
+                    journal_id, schema = genesis[:2]
+                if self._hash_at_locked(connection, 1) is None:
+                    self._complete_initialization(Chain(
+                        journal_id=journal_id, schema=schema, count=0,
+                        head=genesis_hash(journal_id, schema)))
+                connection.execute("COMMIT")
+            finally:
+                if connection.in_transaction:
+                    connection.execute("ROLLBACK")
+        except sqlite3.Error as exc:
+            raise translate_sqlite_error(exc, "creating the journal") from None
+        self.forget()
+        return self.snapshot(check_files=False)
+
+    def check_files(self, chain: Chain) -> None:
+        """The marker, then head.json (docs/format.md §Verification steps 3-4).
+        With no event, missing files are a creation in progress or interrupted:
+        nothing can be lost, and the next writer completes them."""
+        interrupted = chain.count == 0
+        self.files.check_marker(chain.journal_id, chain.schema, chain.count,
+                                 creation_interrupted=interrupted)
+        self.files.check_checkpoint(chain.checkpoint(), creation_interrupted=interrupted)
+
+    def _complete_initialization(self, chain: Chain) -> None:
+        """An empty journal whose creation was interrupted (or is new) gets its
+        checkpoint and marker (writer lock held).  Only at count 0: no event can
+        be lost.  An operator's command (``create`` off) writes nothing."""
+        if not self.create:
+            return
+        if not os.path.lexists(self.files.checkpoint_path):
+            self.files.write_checkpoint(chain.checkpoint(), announce=BOUNDARY_KIND_GENESIS)
+        if not os.path.lexists(self.files.marker_path):
+            self.files.write_marker(chain.journal_id, chain.schema, announce=BOUNDARY_KIND_MARKER)
