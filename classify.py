@@ -15,9 +15,14 @@ conservative answer (error, so the operation becomes ``uncertain``) wins:
   are errors.  ``isError``: true, 1 or the text ``"true"`` are errors.
 * ``error``: truthy by Python's rules, so null, ``""``, 0, false, [] and {} are
   not errors.
-* Text: a UTF-8 BOM and surrounding whitespace are ignored; text that decodes to
+* Text: every leading and trailing run of whitespace, byte-order marks and
+  other invisible characters (Unicode format characters such as zero-width
+  spaces and joiners, in any order and number) is ignored; text that decodes to
   a JSON *string* is decoded again (double-encoded JSON), up to
   ``MAX_DECODE_DEPTH`` times.  ``NaN`` inside the text is tolerated by the decoder.
+* An object in which a watched key (``error``, ``isError``, ``success``, ``ok``,
+  ``status``, ``exit_code``) appears more than once is an error: readers
+  disagree about which value counts (Python keeps the last, others the first).
 * bytes are decoded as UTF-8 first; undecodable bytes are not JSON (normal).
 * Text that *is* JSON but cannot be decoded here -- nesting deeper than the
   recursion limit, an integer longer than Python's int-conversion limit -- is an
@@ -31,6 +36,7 @@ conservative answer (error, so the operation becomes ``uncertain``) wins:
 from __future__ import annotations
 
 import json
+import unicodedata
 from typing import Any
 
 # Double-encoded JSON is decoded at most this many times: deep enough for every
@@ -40,6 +46,7 @@ MAX_DECODE_DEPTH = 3
 _UNDECODABLE = object()
 _DECODER = json.JSONDecoder()
 ERROR_STATUSES = frozenset({"error", "failed", "cancelled", "unknown"})
+WATCHED_KEYS = frozenset({"error", "isError", "success", "ok", "status", "exit_code"})
 _FALSE_TEXT = frozenset({"false", "0", "no"})
 _TRUE_TEXT = frozenset({"true", "1", "yes"})
 
@@ -51,7 +58,7 @@ def is_error_response(response: Any) -> bool:
     """
     try:
         decoded = _decode(response)
-        if decoded is _UNDECODABLE:
+        if decoded is _UNDECODABLE or isinstance(decoded, _RepeatedKeys):
             return True
         if not isinstance(decoded, dict):
             return False
@@ -71,16 +78,46 @@ def _decode(response: Any) -> Any:
                 return None
         if not isinstance(value, str):
             return value
-        text = value.lstrip("\ufeff").strip()
+        text = strip_invisible(value)
         if not text or text[0] not in '{"':
             return None  # only objects, or strings that may hold one, matter
         try:
-            value = json.loads(text)
+            value = json.loads(text, object_pairs_hook=_object)
         except json.JSONDecodeError:
             return _UNDECODABLE if _starts_with_object(text) else None
         except (ValueError, RecursionError):
             return _UNDECODABLE  # JSON too deep or with a too-long integer
     return value if not isinstance(value, str) else None
+
+
+def _invisible(character: str) -> bool:
+    """Whitespace, or a Unicode format character (byte-order mark, zero-width
+    space/joiner, word joiner, bidi marks, soft hyphen, ...)."""
+    return character.isspace() or unicodedata.category(character) == "Cf"
+
+
+def strip_invisible(text: str) -> str:
+    """``text`` without leading and trailing whitespace and invisible characters."""
+    start, end = 0, len(text)
+    while start < end and _invisible(text[start]):
+        start += 1
+    while end > start and _invisible(text[end - 1]):
+        end -= 1
+    return text[start:end]
+
+
+class _RepeatedKeys(dict):
+    """A decoded object in which a watched key appears more than once."""
+
+
+def _object(pairs: list) -> dict:
+    """``object_pairs_hook``: a dict, marked when a watched key repeats."""
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        keys = [key for key, _ in pairs]
+        if any(keys.count(key) > 1 for key in WATCHED_KEYS):
+            return _RepeatedKeys(result)
+    return result
 
 
 def _starts_with_object(text: str) -> bool:

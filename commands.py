@@ -24,7 +24,7 @@ from . import report
 from .durable import open_regular_file, read_regular_file
 from .errors import JournalError
 from .journal import Journal
-from .owner import OWNER_RUNNING, probe_owner
+from .owner import OWNER_RUNNING, probe_lock, probe_owner
 from .record import CHECKPOINT_NAME, canonical_text
 
 OPERATOR_LOG_NAME = "operator.log"
@@ -196,6 +196,12 @@ def command_show(args: argparse.Namespace, data_dir: str) -> dict:
     with Journal(data_dir, readonly=True) as journal:
         status, events = journal.history(operation_id=operation_id)
         history = [dict(payload, seq=seq) for seq, payload in events]
+        archived = None
+        if not history:  # an operation sealed in an archive
+            found = [(anchor, seq, payload) for anchor, seq, payload
+                     in journal.archived_history(operation_id)]
+            history = [dict(payload, seq=seq) for _, seq, payload in found]
+            archived = found[0][0]["file"] if found else None
     if not history:
         raise CommandError("unknown_operation", f"no operation {operation_id} in this journal")
     shown = {operation.operation_id: operation for operation in (*status.unresolved,
@@ -222,7 +228,7 @@ def command_show(args: argparse.Namespace, data_dir: str) -> dict:
     for event in history:
         event["at"] = report.iso_utc(event["timestamp_ns"])
     return {"ok": True, "integrity": "ok", "data_dir": data_dir, "operation": operation,
-            "events": history}
+            "archive": archived, "events": history}
 
 
 def command_log(args: argparse.Namespace, data_dir: str) -> dict:
@@ -238,8 +244,12 @@ def command_log(args: argparse.Namespace, data_dir: str) -> dict:
 
     def exported():
         try:
+            if args.all:  # the archives first, oldest first, each event naming its segment
+                for anchor, seq, payload in journal.archived_history():
+                    yield dict(payload, seq=seq, journal_id=anchor["journal_id"])
             for seq, payload in events:
-                yield dict(payload, seq=seq)
+                yield dict(payload, seq=seq, **({"journal_id": status.checkpoint["journal_id"]}
+                                                if args.all else {}))
         finally:
             journal.close()
 
@@ -251,15 +261,18 @@ def command_verify(args: argparse.Namespace, data_dir: str) -> dict:
     """``verify [--checkpoint FILE]``: full verification, optional ancestor
     check, past repairs."""
     external = _read_checkpoint_file(args.checkpoint) if args.checkpoint is not None else None
+    archives = None
     with Journal(data_dir, readonly=True, create=False) as journal:
         status = journal.verify(external)
+        if args.all:
+            archives = journal.verify_all()["archives"]
     repairs = [entry for entry in read_operator_log(data_dir)
                if entry.get("action") == "repair-checkpoint"]
     return {"ok": True, "integrity": "ok", "data_dir": data_dir, "checkpoint": status.checkpoint,
             "count": status.checkpoint["count"], "unresolved_count": len(status.unresolved),
             "attention_count": len(status.attention),
             "external_checkpoint": "ancestor" if external is not None else None,
-            "repairs": repairs}
+            "archives_verified": archives, "repairs": repairs}
 
 
 def command_checkpoint(args: argparse.Namespace, data_dir: str) -> dict:
@@ -331,7 +344,26 @@ def command_repair(args: argparse.Namespace, data_dir: str) -> dict:
     return result
 
 
+def command_archive(args: argparse.Namespace, data_dir: str) -> dict:
+    """``archive``: seal the live history into a read-only archive file and
+    start a new segment anchored to it (docs/cli.md §archive).  Refused while an
+    operation is open, a late outcome awaits acknowledgement, or a protected
+    call is running."""
+    holder = probe_lock(data_dir)
+    if holder is not None:
+        raise CommandError("owner_running", f"a protected call is running (pid "
+                           f"{holder.get('pid')}, operation {holder.get('operation_id')}); "
+                           "archive when it has finished", owner=holder)
+    with Journal(data_dir, create=False) as journal:
+        sealed = journal.archive()
+    result = {"ok": True, "integrity": "ok", "data_dir": data_dir, **sealed}
+    _log_action(data_dir, "archive", result, archived=sealed["archived"],
+                checkpoint_before=sealed["checkpoint_before"],
+                checkpoint_after=sealed["checkpoint_after"])
+    return result
+
+
 COMMANDS = {"status": command_status, "show": command_show, "log": command_log,
             "verify": command_verify, "checkpoint": command_checkpoint,
             "resolve": command_resolve, "acknowledge": command_acknowledge,
-            "repair-checkpoint": command_repair}
+            "repair-checkpoint": command_repair, "archive": command_archive}

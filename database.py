@@ -218,6 +218,15 @@ class Database:
         with _OPEN_DATABASES_LOCK:  # see _OPEN_DATABASES: never drop a sibling's locks
             if not _OPEN_DATABASES.get(self.path):
                 self._refuse_rewritable_database()
+        if (not self.readonly and os.path.isdir(self.data_dir)
+                and not (os.access(self.data_dir, os.W_OK)
+                         and (not os.path.exists(self.path) or os.access(self.path, os.W_OK)))):
+            raise JournalUnavailable(
+                "read_access_only",
+                f"this user may read but not write the journal in {self.data_dir}: inspection "
+                "(status, show, log, verify, checkpoint) works; protected calls and resolve, "
+                "acknowledge, repair-checkpoint and archive need write access (run them as the "
+                "user the workers run as)")
         if not os.path.exists(self.path):
             # Survivors are checked before the database is looked at again: a
             # concurrent creator makes the database first, then head.json/marker.
@@ -396,12 +405,14 @@ class Database:
     def files_touched(self) -> bool:
         """True when the database or WAL file changed since this connection's
         last transaction (a commit of another connection, a checkpoint, or a
-        raw edit SQLite cannot see), or when that is unknown.  The page cache is
-        then dropped, so a following full verification reads the files."""
+        raw edit SQLite cannot see), or when this connection has no record yet.
+        The page cache is then dropped, so a following full verification reads
+        the files.  Raises ``storage_unavailable`` when the files cannot be
+        examined."""
         try:
             unchanged = self._files_seen is not None and self.files_now() == self._files_seen
-        except OSError:
-            unchanged = False
+        except OSError as exc:
+            raise storage_error(exc, "checking the journal's files") from None
         if unchanged:
             return False
         # Empty the page cache without closing: a close could checkpoint the WAL
@@ -477,12 +488,18 @@ class Database:
                                  f"metadata journal_id {short(repr(journal_id))} is not a UUID")
         return journal_id, schema, (problem[1] if problem else [])
 
-    @staticmethod
-    def create_schema(connection: sqlite3.Connection, journal_id: str) -> None:
+    @classmethod
+    def create_schema(cls, connection: sqlite3.Connection, journal_id: str) -> None:
         """Tables, metadata and triggers of a new journal, inside the caller's
         write transaction (docs/format.md §Tables, §Creation)."""
         connection.execute(SQL_CREATE_METADATA)
         connection.execute(SQL_CREATE_EVENTS)
+        cls.create_schema_rows(connection, journal_id)
+
+    @staticmethod
+    def create_schema_rows(connection: sqlite3.Connection, journal_id: str) -> None:
+        """The metadata rows and the triggers, into existing (empty, trigger-less)
+        tables, inside the caller's write transaction."""
         connection.execute(SQL_INSERT_METADATA, ("journal_id", journal_id))
         connection.execute(SQL_INSERT_METADATA, ("schema", SCHEMA))
         for sql in TRIGGERS.values():

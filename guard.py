@@ -142,6 +142,7 @@ class RecoveryGuard:
         self._journal: Optional[Journal] = None
         self._owner: Optional[OwnerLock] = None
         self._current: Optional[Admission] = None  # the call in flight in this process
+        self._forked_during: Optional[str] = None  # in a forked child: the parent's call
         self._logged: dict = {}  # what was logged when (see _warn_once)
         self.poisoned: Optional[str] = None  # why this instance refuses everything
         self._reset_locks()
@@ -158,6 +159,7 @@ class RecoveryGuard:
         binding ends, and it starts with fresh locks (the parent's may be held)."""
         if self._current is not None:
             self._current.active = False
+            self._forked_during = self._current.operation_id
         self._current = None
         self._reset_locks()
 
@@ -275,9 +277,10 @@ class RecoveryGuard:
             view["owner"] == OWNER_RUNNING
             or (current is not None and view["operation_id"] == current.operation_id))]
         if running and len(running) == len(views):
-            nested = (current is not None and identity is not None
-                      and running[0]["operation_id"] == current.operation_id
-                      and identity[1] == current.identity[1])
+            nested = (running[0]["operation_id"] == self._forked_during
+                      or (current is not None and identity is not None
+                          and running[0]["operation_id"] == current.operation_id
+                          and identity[1] == current.identity[1]))
             code = "nested_call" if nested else "operation_in_flight"
             return _Refusal(code, report.in_flight_explanation(tool_name, running, nested=nested),
                             running)
@@ -384,7 +387,27 @@ class RecoveryGuard:
                                           f"({type(exc).__name__}); nothing was run."))
         if binding is not None:
             return next_call()  # re-entry: the host nested this middleware for one call
-        return self._run_protected(identity, call_fingerprint, next_call)
+        result = self._run_protected(identity, call_fingerprint, next_call)
+        self._maybe_archive()
+        return result
+
+    def _maybe_archive(self) -> None:
+        """``archive_after_events``: seal the live segment once it is that long
+        and nothing is open or running (never raises)."""
+        limit, journal = self.settings().archive_after_events, self._journal
+        if not limit or journal is None or self.poisoned:
+            return
+        try:
+            status = journal.status()
+            if (status.checkpoint["count"] < limit or status.unresolved or status.attention
+                    or probe_lock(journal.data_dir) is not None):
+                return
+            sealed = journal.archive()
+            logger.info("crash-recovery: archived %d events into %s (archive_after_events)",
+                        sealed["archived"]["count"], sealed["archived"]["file"])
+        except Exception as exc:
+            logger.warning("crash-recovery: automatic archive skipped (%s)",
+                           exc.code if isinstance(exc, JournalError) else type(exc).__name__)
 
     def _run_protected(self, identity: tuple, call_fingerprint: str, next_call: Callable) -> Any:
         tool_name, session_id = identity[0], identity[1]

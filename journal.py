@@ -34,8 +34,9 @@ from __future__ import annotations
 import os
 import uuid
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
+from . import archive
 from .chain import Chain, JournalStatus, Operation, operation_from_started, operation_key
 from .database import DEFAULT_BUSY_TIMEOUT_SECONDS
 from .errors import AdmissionRefused, IntegrityError, JournalUnavailable
@@ -282,7 +283,73 @@ class Journal:
                                     reason="lost_in_crash")
             return before, self.checkpoint(), lost
 
+    def archive(self) -> dict:
+        """Seal the live history into ``archive/<journal id>.sqlite3`` and start a
+        new segment anchored to it (docs/cli.md §archive, docs/format.md
+        §Archives).  The long copy runs without the writer lock; the switch runs
+        under it, recorded in an intent file first, so that a crash at any point
+        leaves the old state or the new one (the next writer finishes or undoes
+        it).  Returns ``{"archived": anchor, "checkpoint_before",
+        "checkpoint_after"}``.  Raises :class:`AdmissionRefused`
+        ``archive_refused`` while an operation is open or a late outcome awaits
+        acknowledgement, or when there is nothing to archive."""
+        if self.readonly:
+            raise JournalUnavailable("storage_unavailable", "journal opened read-only")
+        with self._store.lock:
+            self._refuse_archive(self._store.snapshot())
+            directory = os.path.join(self.data_dir, archive.ARCHIVE_DIRECTORY)
+            temp = os.path.join(directory, f"copy.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+            try:
+                archive.start_copy(self._store.database.path, temp)
+                copied = archive.copied_count(temp)
+                with self._store.writing("archived") as chain:
+                    self._refuse_archive(chain)
+                    before, new_id = chain.checkpoint(), str(uuid.uuid4())
+                    anchor = {"journal_id": chain.journal_id, "count": chain.count,
+                              "head": chain.head, "file": archive.relative_name(chain.journal_id)}
+                    archive.finish_copy(temp, self._store.raw_rows(copied, chain.count), chain)
+                    archive.write_intent(self.data_dir, {
+                        "from": before, "to": new_id, "file": anchor["file"],
+                        "temp": os.path.relpath(temp, self.data_dir)})
+                    archive.seal(temp, archive.archive_path(self.data_dir, anchor))
+                    after = self._store.reset_segment(chain, new_id, anchor).checkpoint()
+                archive.remove_intent(self.data_dir)
+            except BaseException:
+                archive.discard(temp)
+                raise
+            return {"archived": anchor, "checkpoint_before": before, "checkpoint_after": after}
+
+    def verify_all(self) -> dict:
+        """Full verification of the live segment and, end to end, of every
+        archive its anchors reach (docs/cli.md §verify --all).  Returns
+        ``{"status": JournalStatus, "archives": [anchor, ...]}``, newest first."""
+        with self._store.lock:
+            chain = self._store.snapshot(full=True)
+            anchors = archive.anchors(self.data_dir, chain.archive)
+            for anchor in anchors:
+                archive.verify_archive(self.data_dir, anchor)
+            return {"status": self._status_of(chain), "archives": anchors}
+
+    def archived_history(self, operation_id: Optional[str] = None) -> Iterator[tuple]:
+        """``(anchor, seq, payload)`` of every archived event, oldest archive
+        first (only those of ``operation_id`` when given).  Verify first."""
+        with self._store.lock:
+            chain = self._store.snapshot()
+        for anchor in reversed(archive.anchors(self.data_dir, chain.archive)):
+            for seq, payload in archive.events(self.data_dir, anchor, operation_id):
+                yield anchor, seq, payload
+
     # ------------------------------------------------------------ helpers --
+
+    @staticmethod
+    def _refuse_archive(chain: Chain) -> None:
+        if chain.open or chain.attention:
+            raise AdmissionRefused("archive_refused", "an operation is unresolved or a late "
+                                   "outcome awaits acknowledgement: settle it first",
+                                   unresolved=len(chain.open), attention=len(chain.attention))
+        if chain.count <= (1 if chain.archive is not None else 0):
+            raise AdmissionRefused("archive_refused", "nothing to archive: the live segment "
+                                   "holds no event but its anchor")
 
     def _ahead_checkpoint(self, chain: Chain) -> dict:
         """head.json, when it is exactly one event ahead of ``chain``."""
@@ -332,6 +399,11 @@ class Journal:
         problem = checkpoint_shape_problem(checkpoint)
         if problem:  # the file is malformed; the journal itself verified
             raise AdmissionRefused("invalid_checkpoint", f"external checkpoint: {problem}")
+        if checkpoint["journal_id"] != chain.journal_id and checkpoint["schema"] == chain.schema:
+            for anchor in archive.anchors(self.data_dir, chain.archive):
+                if anchor["journal_id"] == checkpoint["journal_id"]:
+                    self._check_archived_ancestor(anchor, checkpoint)
+                    return
         if checkpoint["journal_id"] != chain.journal_id or checkpoint["schema"] != chain.schema:
             raise IntegrityError("checkpoint_not_ancestor",
                                  "external checkpoint belongs to another journal or schema")
@@ -346,3 +418,14 @@ class Journal:
             raise IntegrityError("checkpoint_not_ancestor",
                                  f"external checkpoint head is not the hash at position {count}",
                                  checkpoint_count=count, journal_count=chain.count)
+
+    def _check_archived_ancestor(self, anchor: dict, checkpoint: dict) -> None:
+        """An export from before an archive proves its prefix in that archive."""
+        archive.verify_archive(self.data_dir, anchor)
+        count = checkpoint["count"]
+        at = (genesis_hash(anchor["journal_id"], checkpoint["schema"]) if count == 0
+              else archive.hash_at(self.data_dir, anchor, count))
+        if count > anchor["count"] or checkpoint["head"] != at:
+            raise IntegrityError("checkpoint_not_ancestor",
+                                 f"external checkpoint is not a prefix of archive {anchor['file']}",
+                                 checkpoint_count=count, journal_count=anchor["count"])

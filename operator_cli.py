@@ -7,7 +7,8 @@
 Commands: ``status [--check]``, ``show OP``, ``log [--since SEQ] [--jsonl]``,
 ``verify [--checkpoint FILE]``, ``checkpoint``,
 ``resolve OP --outcome completed|not_applied --evidence TEXT [--force]``,
-``acknowledge OP --evidence TEXT``, ``repair-checkpoint --evidence TEXT``.
+``acknowledge OP --evidence TEXT``, ``repair-checkpoint --evidence TEXT``,
+``archive``.
 
 Output is one JSON document on stdout (``--format text``: tables for
 status/show/log; ``--format prometheus``: gauges for status; ``log --jsonl``:
@@ -102,8 +103,11 @@ def add_arguments(parser: argparse.ArgumentParser, parser_class: type) -> None:
     log = commands.add_parser("log", help="verified export of events", parents=[options])
     log.add_argument("--since", type=int, default=0, help="only events with seq > SINCE")
     log.add_argument("--jsonl", action="store_true", help="one JSON event per line")
+    log.add_argument("--all", action="store_true",
+                     help="archived segments too, oldest first (each event names its journal_id)")
     verify = commands.add_parser("verify", help="full verification", parents=[options])
     verify.add_argument("--checkpoint", help="an exported checkpoint that must be an ancestor")
+    verify.add_argument("--all", action="store_true", help="every archive too, end to end")
     commands.add_parser("checkpoint", help="print the current checkpoint (keep it elsewhere)",
                         parents=[options])
     resolve = commands.add_parser("resolve", help="settle a pending or uncertain operation",
@@ -126,6 +130,8 @@ def add_arguments(parser: argparse.ArgumentParser, parser_class: type) -> None:
                                  help="clear checkpoint_ahead after a crash between replace and "
                                       "commit", parents=[options])
     repair.add_argument("--evidence", required=True, help="why this repair is justified")
+    commands.add_parser("archive", help="seal the history into a read-only archive file and "
+                                        "start a new, short segment", parents=[options])
 
 
 def build_parser() -> argparse.ArgumentParser:

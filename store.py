@@ -27,13 +27,14 @@ import time
 from typing import Iterator, Optional
 
 from . import forksafe
+from . import archive
 from .chain import Chain, PossibleReuse, apply_event, extend_chain
 from .database import (SQL_INSERT_EVENT, SQL_SELECT_EVENTS_BETWEEN, SQL_SELECT_HASH_AT,
                        SQL_SELECT_OPERATION_EVENTS, SQL_SELECT_PAYLOAD_AT, SQL_SELECT_ROW,
-                       SQL_SELECT_ROWS_AFTER, Database, translate_sqlite_error)
+                       SQL_SELECT_ROWS_AFTER, TRIGGERS, Database, translate_sqlite_error)
 from .durable import BOUNDARY_KIND_GENESIS, BOUNDARY_KIND_MARKER, DurableFiles, reach_boundary
 from .errors import AdmissionRefused, IntegrityError, JournalError, JournalUnavailable
-from .record import (SCHEMA, canonical_text, decode_payload, event_hash, genesis_hash,
+from .record import (KIND_ARCHIVED, SCHEMA, canonical_text, decode_payload, event_hash, genesis_hash,
                      payload_problem)
 
 logger = logging.getLogger(__name__)
@@ -117,6 +118,16 @@ class JournalStore:
             raise translate_sqlite_error(exc, "reading the journal") from None
         return row[0] if row else None
 
+    def raw_rows(self, since: int, until: int) -> list:
+        """Stored rows ``(seq, payload, previous, hash)`` for ``since`` < seq <=
+        ``until`` (a few: the rows an archive copy lacks)."""
+        try:
+            return self.database.connection.execute(
+                "SELECT seq, payload, previous, hash FROM events WHERE seq > ? AND seq <= ? "
+                "ORDER BY seq", (since, until)).fetchall()
+        except sqlite3.Error as exc:
+            raise translate_sqlite_error(exc, "reading events") from None
+
     def rows(self, since: int, until: int, operation_id: Optional[str]) -> Iterator[tuple]:
         """``(seq, payload dict)`` for ``since`` < seq <= ``until``, only those of
         ``operation_id`` when given; streamed."""
@@ -187,6 +198,7 @@ class JournalStore:
             chain, connection = self._locked_chain(kind, check_checkpoint)
             self._appending = self._schema_changed = False
             self._undo_checkpoint: Optional[dict] = None
+            self._undo_marker: Optional[tuple] = None
             self.files.checkpoint_replaced = False
             try:
                 yield chain
@@ -205,9 +217,15 @@ class JournalStore:
                         "commit_failed", f"COMMIT of the {kind} event failed ({exc}); it may or "
                         "may not be durable, and head.json names it either way",
                         event_kind=kind) from None
-            self._after_commit(connection)
             if kind:
                 reach_boundary("committed", kind)
+            self._after_commit(connection)
+            # The WAL this COMMIT went to must still be the journal's: if this
+            # process lost its POSIX locks meanwhile, another process may have
+            # checkpointed and removed it, and the event exists only in the
+            # orphaned file (docs/guard.md §In-process code).  wal_missing then;
+            # head.json names the event, so the state is checkpoint_ahead.
+            self.database.check_wal()
 
     def _abandon_transaction(self, connection: sqlite3.Connection) -> None:
         """Before COMMIT: head.json back to what it was (if this writer replaced
@@ -215,6 +233,9 @@ class JournalStore:
         if self.files.checkpoint_replaced and self._undo_checkpoint is not None:
             with contextlib.suppress(JournalError, OSError):
                 self.files.write_checkpoint(self._undo_checkpoint, announce="")
+        if self._undo_marker is not None:
+            with contextlib.suppress(JournalError, OSError):
+                self.files.write_marker(*self._undo_marker, announce="")
         with contextlib.suppress(sqlite3.Error):
             connection.execute("ROLLBACK")
         if self._appending:
@@ -246,6 +267,10 @@ class JournalStore:
                 if not self._temp_files_checked:
                     self.files.remove_stale_temp_files()
                     self._temp_files_checked = True
+                intent = archive.read_intent(self.data_dir)
+                if intent is not None:
+                    self._finish_archive_switch(connection, intent)
+                    raise _StaleSnapshot()  # verify the state the switch left
                 chain = self._catch_up_locked(connection, chain)
                 if chain.count == 0:
                     self._complete_initialization(chain)
@@ -295,6 +320,7 @@ class JournalStore:
         create one, else ``journal_absent``."""
         connection = self.database.connect()
         touched = self.database.files_touched()
+        files_before = self.database.files_now() if self.database.immutable else None
         for attempt in range(READ_RETRY_ATTEMPTS):
             try:
                 connection.execute("BEGIN")
@@ -318,6 +344,14 @@ class JournalStore:
                 if connection.in_transaction:
                     with contextlib.suppress(sqlite3.Error):
                         connection.execute("ROLLBACK")
+            if files_before is not None and self.database.files_now() != files_before:
+                # immutable=1 takes no lock: a worker that started meanwhile may
+                # have changed the file under the read (docs/cli.md §Access).
+                self.forget()
+                raise JournalUnavailable("journal_changed_while_read",
+                                         "a worker started while the journal was read without "
+                                         "write access; run the command again (or stop the "
+                                         "workers first)")
             if chain is None:  # a fresh database without tables
                 if self.create:
                     return self._create(connection)
@@ -332,6 +366,11 @@ class JournalStore:
                 self.check_files(chain)
                 return chain
             except IntegrityError as exc:
+                if archive.read_intent(self.data_dir) is not None:
+                    raise IntegrityError(
+                        "archive_interrupted", f"an archive switch was interrupted ({exc.code}: "
+                        f"{exc.message}); the next protected call or operator command that "
+                        "writes finishes or undoes it") from None
                 # A live writer keeps head.json ahead of an older snapshot; a
                 # real rollback stays ahead after catching up.
                 if (exc.code not in ("checkpoint_ahead", "journal_rolled_back")
@@ -381,8 +420,7 @@ class JournalStore:
             break
         self._full_at = time.monotonic()
         if chain.archive is not None:
-            from .archive import check_anchor  # archives are rare; imported on use
-            check_anchor(self.data_dir, chain.archive, chain.journal_id)
+            archive.check_anchor(self.data_dir, chain.archive)
         return chain
 
     def _create(self, connection: sqlite3.Connection) -> Chain:
@@ -429,3 +467,63 @@ class JournalStore:
             self.files.write_checkpoint(chain.checkpoint(), announce=BOUNDARY_KIND_GENESIS)
         if not os.path.lexists(self.files.marker_path):
             self.files.write_marker(chain.journal_id, chain.schema, announce=BOUNDARY_KIND_MARKER)
+
+    # --------------------------------------------------------- archives --
+
+    def reset_segment(self, chain: Chain, journal_id: str, anchor: dict) -> Chain:
+        """Under the writer lock: replace the live history by a new journal
+        ``journal_id`` whose first event anchors the sealed one (docs/format.md
+        §Archives); head.json and the marker follow before COMMIT, and are put
+        back if the transaction fails.  Returns the new chain."""
+        connection = self.database.connection
+        try:
+            for name in TRIGGERS:
+                connection.execute(f'DROP TRIGGER IF EXISTS "{name}"')
+            connection.execute("DELETE FROM events")
+            connection.execute("DELETE FROM metadata")
+            self.database.create_schema_rows(connection, journal_id)
+        except sqlite3.Error as exc:
+            raise translate_sqlite_error(exc, "starting a new segment") from None
+        self._schema_changed = True
+        self._undo_marker = (chain.journal_id, chain.schema)
+        old_checkpoint = chain.checkpoint()
+        fresh = Chain(journal_id=journal_id, schema=SCHEMA, count=0,
+                      head=genesis_hash(journal_id, SCHEMA))
+        self.append(fresh, {"kind": KIND_ARCHIVED, "archive": anchor})
+        self._undo_checkpoint = old_checkpoint
+        self.files.write_marker(journal_id, SCHEMA, announce="archived_marker")
+        self._chain = fresh
+        return fresh
+
+    def _finish_archive_switch(self, connection: sqlite3.Connection, intent: dict) -> None:
+        """Writer lock held: finish (the database already names the new journal)
+        or undo (it still names the sealed one) an interrupted archive switch."""
+        try:
+            found = connection.execute("SELECT value FROM metadata WHERE key = 'journal_id'"
+                                       ).fetchone()
+            count = connection.execute("SELECT count(*) FROM events").fetchone()[0]
+        except sqlite3.Error as exc:
+            raise translate_sqlite_error(exc, "reading an interrupted archive") from None
+        sealed = intent.get("from") or {}
+        journal_id = found[0] if found else None
+        final = os.path.join(self.data_dir, str(intent.get("file", "")))
+        if journal_id == sealed.get("journal_id"):  # undo: the old history is live
+            for path in (final, os.path.join(self.data_dir, str(intent.get("temp", "")))):
+                if os.path.basename(os.path.dirname(path)) == archive.ARCHIVE_DIRECTORY:
+                    with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+                        os.unlink(path)
+            self.files.write_checkpoint(sealed, announce="")
+            self.files.write_marker(sealed["journal_id"], SCHEMA, announce="")
+        elif journal_id == intent.get("to") and count == 1:  # finish: the new one is
+            row = connection.execute(SQL_SELECT_HASH_AT, (1,)).fetchone()
+            self.files.write_marker(journal_id, SCHEMA, announce="")
+            self.files.write_checkpoint({"schema": SCHEMA, "journal_id": journal_id,
+                                         "count": 1, "head": row[0]}, announce="")
+        else:
+            raise IntegrityError("archive_interrupted",
+                                 f"{archive.INTENT_NAME} names journals {sealed.get('journal_id')}"
+                                 f" -> {intent.get('to')}, but the database is journal "
+                                 f"{journal_id} with {count} events: a person must look")
+        archive.remove_intent(self.data_dir)
+        logger.warning("crash-recovery: %s an interrupted archive switch",
+                       "undid" if journal_id == sealed.get("journal_id") else "finished")

@@ -273,12 +273,18 @@ def scenario_tampered(home: Path, checks: CheckList) -> None:
                          session_id="session-T", call_id="call-T1")
     checks.check("first_call_booked", booked(result) is not None, result=result)
     database = data_dir_of(home) / "journal.sqlite3"
-    connection = sqlite3.connect(str(database), timeout=10)
+    # Another connection, as a determined editor would: the journal's
+    # append-only triggers are dropped first, then a stored record is edited.
+    connection = sqlite3.connect(str(database), timeout=10, isolation_level=None)
     try:
+        connection.execute("BEGIN IMMEDIATE")
+        for (name,) in connection.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'trigger'").fetchall():
+            connection.execute(f'DROP TRIGGER "{name}"')
         payload = connection.execute("SELECT payload FROM events WHERE seq = 1").fetchone()[0]
         connection.execute("UPDATE events SET payload = ? WHERE seq = 1",
                            (payload.replace('"book_trip"', '"book_tram"'),))
-        connection.commit()
+        connection.execute("COMMIT")
     finally:
         connection.close()
     result = hermes_call("book_trip", {"traveler": "Fay", "destination": "Riga"},

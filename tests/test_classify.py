@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import unittest
 
+import support  # noqa: F401  (loads this checkout as the package crash_recovery)
+
 from crash_recovery.classify import MAX_DECODE_DEPTH, is_error_response
 
 
@@ -168,3 +170,31 @@ class EdgeDecisionTests(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class ReviewFindingTests(unittest.TestCase):
+    """Error responses the classifier once called normal (review finding 4)."""
+
+    def test_every_invisible_prefix_is_stripped(self):
+        prefixes = ["\n\ufeff", "\ufeff\ufeff", "\u200b", "\u2060", "\u200c\u200d", "\u00a0",
+                    "\u00ad", "\u180e", "\u202a", "\r\n\t\ufeff \u200b", "\u3000"]
+        for prefix in prefixes:
+            for body in ('{"error": "boom"}', '{"ok": false}', '{"exit_code": 2}'):
+                with self.subTest(prefix=repr(prefix), body=body):
+                    text = prefix + body + prefix
+                    self.assertTrue(is_error_response(text))
+                    self.assertTrue(is_error_response(text.encode("utf-8")))
+                    self.assertTrue(is_error_response(json.dumps(text)))  # double-encoded
+        self.assertFalse(is_error_response("\u200b" + '{"status": "ok"}'))
+
+    def test_repeated_watched_keys_are_an_error(self):
+        for text in ('{"error": "boom", "error": null}', '{"error": null, "error": "boom"}',
+                     '{"ok": false, "ok": true}', '{"ok": true, "ok": true}',
+                     '{"success": true, "success": false}', '{"isError": false, "isError": false}',
+                     '{"status": "ok", "status": "failed"}', '{"exit_code": 0, "exit_code": 0}'):
+            with self.subTest(text):
+                self.assertTrue(is_error_response(text))
+                self.assertTrue(is_error_response(text.encode("utf-8")))
+        # Repeats of other keys, or inside a nested object, do not count.
+        self.assertFalse(is_error_response('{"note": 1, "note": 2, "ok": true}'))
+        self.assertFalse(is_error_response('{"data": {"error": 1, "error": 2}}'))

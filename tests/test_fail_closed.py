@@ -405,7 +405,7 @@ class Environments(ReliabilityCase):
         found = json.loads(completed.stdout)
         self.assertEqual(found["fresh"], ["storage_unavailable", 0, "storage_unavailable"])
         self.assertEqual(found["existing"][1], 0)
-        self.assertIn(found["existing"][0], ("storage_unavailable",))
+        self.assertEqual(found["existing"][0], "read_access_only")
         self.assertFalse(os.path.exists(os.path.join(parent, "fresh")))
         self.assertTrue(reference.verify(existing).ok)
 

@@ -1,0 +1,254 @@
+"""Archives: sealed segments of history (docs/format.md §Archives).
+
+An operator's ``archive`` seals the live history (journal ``J``, events 1..N)
+into ``archive/J.sqlite3`` in the data directory -- a read-only SQLite file,
+never deleted or pruned by the plugin -- and starts a new journal ``J'`` whose
+first event, ``archived``, anchors it: ``{"journal_id": J, "count": N, "head":
+H_N, "file": "archive/J.sqlite3"}``.  The live segment stays short, so the
+first call of a process verifies little; each archive's anchor is checked on
+every full verification, and ``verify --all`` re-verifies archives end to end.
+
+This module owns the archive files: naming, building the sealed copy, the
+switch intent, and checking and reading archives.  The switch itself (under
+the writer lock) is :meth:`journal.Journal.archive`.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+import urllib.parse
+from typing import Iterator, Optional
+
+from .chain import Chain, PossibleReuse, extend_chain
+from .database import (SQL_INSERT_EVENT, SQL_SELECT_OPERATION_EVENTS, SQL_SELECT_ROWS_AFTER,
+                       schema_problem)
+from .durable import fsync_directory, read_regular_file, storage_error, write_atomically
+from .errors import IntegrityError, JournalError
+from .record import SCHEMA, canonical_text, decode_payload, genesis_hash
+
+ARCHIVE_DIRECTORY = "archive"
+ARCHIVE_SUFFIX = ".sqlite3"
+# The switch in progress: {"from": checkpoint of the sealed journal, "to": the new
+# journal id, "file": the archive}.  While it exists, the next writer finishes
+# or undoes the switch (docs/format.md §Archives, crash safety).
+INTENT_NAME = "archive.json"
+# An anchor chain longer than this is refused as a loop.
+MAX_ARCHIVES = 100000
+
+
+def relative_name(journal_id: str) -> str:
+    """``archive/<journal_id>.sqlite3``: the anchor's ``file`` field."""
+    return f"{ARCHIVE_DIRECTORY}/{journal_id}{ARCHIVE_SUFFIX}"
+
+
+def archive_path(data_dir: str, anchor: dict) -> str:
+    """The absolute path of the archive an anchor names (always inside
+    ``data_dir/archive``, whatever the ``file`` field says)."""
+    return os.path.join(data_dir, ARCHIVE_DIRECTORY,
+                        os.path.basename(str(anchor.get("file", ""))))
+
+
+def _open(path: str) -> sqlite3.Connection:
+    """A read-only, immutable connection: archives are sealed, never written."""
+    if not os.path.isfile(path):
+        raise IntegrityError("archive_missing", f"archive {os.path.basename(path)} is missing")
+    try:
+        return sqlite3.connect("file:" + urllib.parse.quote(path) + "?mode=ro&immutable=1",
+                               uri=True, isolation_level=None)
+    except sqlite3.Error as exc:
+        raise IntegrityError("archive_missing", f"archive {os.path.basename(path)} cannot be "
+                             f"opened ({exc})") from None
+
+
+def _mismatch(anchor: dict, what: str) -> IntegrityError:
+    return IntegrityError("archive_mismatch", f"archive {anchor.get('file')}: {what}",
+                          archive=anchor.get("journal_id"))
+
+
+def _summary(connection: sqlite3.Connection, anchor: dict) -> tuple:
+    """``(journal_id, count, head, first payload)`` of an archive file."""
+    try:
+        metadata = dict(connection.execute("SELECT key, value FROM metadata").fetchall())
+        last = connection.execute("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1"
+                                  ).fetchone()
+        first = connection.execute("SELECT payload FROM events WHERE seq = 1").fetchone()
+    except sqlite3.Error as exc:
+        raise _mismatch(anchor, f"not a journal ({exc})") from None
+    if metadata.get("schema") != SCHEMA:
+        raise _mismatch(anchor, f"schema {metadata.get('schema')!r}")
+    count, head = last if last else (0, genesis_hash(str(metadata.get("journal_id")), SCHEMA))
+    return metadata.get("journal_id"), count, head, first[0] if first else None
+
+
+def check_anchor(data_dir: str, anchor: dict) -> None:
+    """Each archive the anchor chain names exists and ends exactly where its
+    anchor says (journal id, count, head); cheap: two rows per archive.
+    Raises ``archive_missing`` or ``archive_mismatch``."""
+    for _ in range(MAX_ARCHIVES):
+        with contextlib.closing(_open(archive_path(data_dir, anchor))) as connection:
+            journal_id, count, head, first = _summary(connection, anchor)
+        if (journal_id, count, head) != (anchor["journal_id"], anchor["count"], anchor["head"]):
+            raise _mismatch(anchor, f"holds journal {journal_id} at {count} events ending "
+                                    f"{str(head)[:12]}..., the anchor names "
+                                    f"{anchor['journal_id']} at {anchor['count']}")
+        earlier = decode_payload(first) if first else None
+        if not (isinstance(earlier, dict) and earlier.get("kind") == "archived"):
+            return
+        anchor = earlier["archive"]
+    raise _mismatch(anchor, "the chain of archives does not end")
+
+
+def anchors(data_dir: str, anchor: Optional[dict]) -> list:
+    """Every anchor of the chain, newest archive first ([] for None)."""
+    found = []
+    while anchor is not None and len(found) < MAX_ARCHIVES:
+        found.append(anchor)
+        with contextlib.closing(_open(archive_path(data_dir, anchor))) as connection:
+            first = _summary(connection, anchor)[3]
+        earlier = decode_payload(first) if first else None
+        anchor = earlier["archive"] if (isinstance(earlier, dict)
+                                        and earlier.get("kind") == "archived") else None
+    return found
+
+
+def verify_archive(data_dir: str, anchor: dict) -> Chain:
+    """Verify one archive end to end (schema, every row, the anchor's summary);
+    returns its chain.  Raises :class:`IntegrityError` (the underlying verdict
+    is named in the message, the code is ``archive_mismatch``)."""
+    with contextlib.closing(_open(archive_path(data_dir, anchor))) as connection:
+        try:
+            schema_problem(connection)
+            journal_id = _summary(connection, anchor)[0]
+            for exact in (None, set()):
+                chain = Chain(journal_id=journal_id, schema=SCHEMA, count=0,
+                              head=genesis_hash(journal_id, SCHEMA), exact_ids=exact)
+                try:
+                    extend_chain(chain, connection.execute(SQL_SELECT_ROWS_AFTER, (0,)),
+                                 full=True)
+                    break
+                except PossibleReuse:
+                    continue
+        except JournalError as exc:
+            raise _mismatch(anchor, f"{exc.code}: {exc.message}") from None
+        except sqlite3.Error as exc:
+            raise _mismatch(anchor, f"unreadable ({exc})") from None
+    if (chain.journal_id, chain.count, chain.head) != (anchor["journal_id"], anchor["count"],
+                                                       anchor["head"]):
+        raise _mismatch(anchor, "its verified end differs from the anchor")
+    if chain.archive is not None:
+        check_anchor(data_dir, chain.archive)
+    return chain
+
+
+def hash_at(data_dir: str, anchor: dict, seq: int) -> Optional[str]:
+    """The stored hash of event ``seq`` of an archive (None if absent)."""
+    with contextlib.closing(_open(archive_path(data_dir, anchor))) as connection:
+        row = connection.execute("SELECT hash FROM events WHERE seq = ?", (seq,)).fetchone()
+    return row[0] if row else None
+
+
+def events(data_dir: str, anchor: dict, operation_id: Optional[str] = None) -> Iterator[tuple]:
+    """``(seq, payload dict)`` of an archive, those of ``operation_id`` only
+    when given; streamed.  Verify the archive first (:func:`verify_archive`)."""
+    connection = _open(archive_path(data_dir, anchor))
+    try:
+        if operation_id is None:
+            rows = connection.execute("SELECT seq, payload FROM events ORDER BY seq")
+        else:
+            rows = connection.execute(SQL_SELECT_OPERATION_EVENTS,
+                                      (0, anchor["count"], f'"operation_id":"{operation_id}"'))
+        for seq, payload_text in rows:
+            yield seq, decode_payload(payload_text)
+    finally:
+        connection.close()
+
+
+# ---------------------------------------------------------------- sealing --
+
+def start_copy(database_path: str, temp_path: str) -> None:
+    """A consistent copy of the live database (``VACUUM INTO`` from a read-only
+    connection: no writer lock is held for the long part)."""
+    os.makedirs(os.path.dirname(temp_path), exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(temp_path)
+    source = sqlite3.connect("file:" + urllib.parse.quote(database_path) + "?mode=ro", uri=True,
+                             isolation_level=None)
+    try:
+        source.execute("VACUUM INTO ?", (temp_path,))
+    finally:
+        source.close()
+
+
+def copied_count(temp_path: str) -> int:
+    """The number of events in a copy made by :func:`start_copy`."""
+    copy = sqlite3.connect("file:" + urllib.parse.quote(temp_path) + "?mode=ro", uri=True)
+    try:
+        return copy.execute("SELECT count(*) FROM events").fetchone()[0]
+    finally:
+        copy.close()
+
+
+def discard(temp_path: str) -> None:
+    """Remove an unfinished copy (never raises)."""
+    for path in (temp_path, temp_path + "-journal"):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+def finish_copy(temp_path: str, rows: list, chain: Chain) -> None:
+    """Add the rows committed since the copy began, check it ends at
+    ``chain``, and make it durable."""
+    copy = sqlite3.connect(temp_path, isolation_level=None)
+    try:
+        copy.execute("BEGIN IMMEDIATE")
+        copy.executemany(SQL_INSERT_EVENT, rows)
+        last = copy.execute("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1").fetchone()
+        copy.execute("COMMIT")
+    finally:
+        copy.close()
+    if tuple(last or (0, None)) != (chain.count, chain.head):
+        raise IntegrityError("archive_mismatch", "the archive copy does not end at the live "
+                             "head; nothing was switched")
+    descriptor = os.open(temp_path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def seal(temp_path: str, final_path: str) -> None:
+    """Read-only, renamed to its final name, both directories fsynced."""
+    os.chmod(temp_path, 0o444)
+    os.replace(temp_path, final_path)
+    fsync_directory(os.path.dirname(final_path))
+    fsync_directory(os.path.dirname(os.path.dirname(final_path)))
+
+
+def write_intent(data_dir: str, intent: dict) -> None:
+    """Record the switch about to happen, durably."""
+    write_atomically(os.path.join(data_dir, INTENT_NAME),
+                     canonical_text(intent).encode("utf-8"), announce="archive_intent")
+
+
+def read_intent(data_dir: str) -> Optional[dict]:
+    """The switch in progress, or None."""
+    try:
+        return json.loads(read_regular_file(os.path.join(data_dir, INTENT_NAME)))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise IntegrityError("archive_interrupted", f"{INTENT_NAME} is unreadable ({exc})") \
+            from None
+
+
+def remove_intent(data_dir: str) -> None:
+    """The switch is complete or undone."""
+    try:
+        os.unlink(os.path.join(data_dir, INTENT_NAME))
+        fsync_directory(data_dir)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise storage_error(exc, f"removing {INTENT_NAME}") from None
