@@ -13,6 +13,7 @@ change behind the connection (a raw edit, a replaced database, a deleted WAL).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sqlite3
 import threading
@@ -25,7 +26,7 @@ from .durable import (file_size, file_state, read_regular_file, reach_boundary, 
                       BOUNDARY_KIND_GENESIS)
 from . import forksafe
 from .errors import IntegrityError, JournalError, JournalUnavailable, short
-from .record import (CHECKPOINT_NAME, DATABASE_NAME, MARKER_NAME, SCHEMA, SHM_SUFFIX, WAL_SUFFIX,
+from .record import (CHECKPOINT_NAME, DATABASE_NAME, KIND_ARCHIVED, MARKER_NAME, SCHEMA, SHM_SUFFIX, WAL_SUFFIX,
                      is_uuid)
 
 # Seconds a writer waits for SQLite's writer lock before the call is refused.
@@ -381,12 +382,30 @@ class Database:
             if row is None:
                 return
             found.append(row[0])
-        if found[0] != found[1]:
+        if found[0] != found[1] and not self._successor_in_wal(quoted, found[0]):
             raise IntegrityError(
                 "stray_wal",
                 f"{DATABASE_NAME} on its own is journal {short(str(found[0]))} but its "
                 f"{WAL_SUFFIX} file shows journal {short(str(found[1]))}: the database was "
                 "replaced beside a stray WAL; nothing was written", survivors=self.survivors())
+
+    def _successor_in_wal(self, quoted: str, sealed_journal_id: str) -> bool:
+        """After an archive switch the new journal may live only in the WAL until
+        the next checkpoint: its first event then anchors the journal the main
+        file still names (docs/format.md §Archives).  Not a stray WAL."""
+        try:
+            probe = sqlite3.connect(quoted + "?mode=ro", uri=True, isolation_level=None,
+                                    timeout=self.busy_timeout)
+            try:
+                row = probe.execute("SELECT payload FROM events WHERE seq = 1").fetchone()
+            finally:
+                probe.close()
+            first = json.loads(row[0]) if row else None
+        except (sqlite3.Error, ValueError):
+            return False
+        return (isinstance(first, dict) and first.get("kind") == KIND_ARCHIVED
+                and isinstance(first.get("archive"), dict)
+                and first["archive"].get("journal_id") == sealed_journal_id)
 
     # ---------------------------------------------------- file identity --
 

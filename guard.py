@@ -277,10 +277,14 @@ class RecoveryGuard:
             view["owner"] == OWNER_RUNNING
             or (current is not None and view["operation_id"] == current.operation_id))]
         if running and len(running) == len(views):
+            # Nested: this context is inside the running call (its admission is
+            # visible, e.g. Hermes' execute_code bridge thread copies the
+            # context), or this process was forked during it.  Siblings run in
+            # fresh contexts: they wait.
+            binding = _live_admission()
             nested = (running[0]["operation_id"] == self._forked_during
-                      or (current is not None and identity is not None
-                          and running[0]["operation_id"] == current.operation_id
-                          and identity[1] == current.identity[1]))
+                      or (binding is not None
+                          and running[0]["operation_id"] == binding.operation_id))
             code = "nested_call" if nested else "operation_in_flight"
             return _Refusal(code, report.in_flight_explanation(tool_name, running, nested=nested),
                             running)
@@ -410,14 +414,15 @@ class RecoveryGuard:
                            exc.code if isinstance(exc, JournalError) else type(exc).__name__)
 
     def _run_protected(self, identity: tuple, call_fingerprint: str, next_call: Callable) -> Any:
-        tool_name, session_id = identity[0], identity[1]
+        tool_name = identity[0]
         if not self._in_flight.acquire(blocking=False):
+            # No admission is visible here (a nested entry was answered in
+            # tool_execution), so this is a sibling call of another context: wait.
             current = self._current
             running = [current.view()] if current is not None else []
-            nested = current is not None and current.identity[1] == session_id
             return self._blocked(_Refusal(
-                "nested_call" if nested else "operation_in_flight",
-                report.in_flight_explanation(tool_name, running, nested=nested), running))
+                "operation_in_flight",
+                report.in_flight_explanation(tool_name, running, nested=False), running))
         admission: Optional[Admission] = None
         token = None
         # One finally for everything from here on: an interrupt at any point

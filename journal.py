@@ -39,6 +39,7 @@ from typing import Any, Iterator, Optional
 from . import archive
 from .chain import Chain, JournalStatus, Operation, operation_from_started, operation_key
 from .database import DEFAULT_BUSY_TIMEOUT_SECONDS
+from .durable import reach_boundary
 from .errors import AdmissionRefused, IntegrityError, JournalUnavailable
 from .record import (LOST_TOOL, OUTCOMES, STATE_PENDING, checkpoint_shape_problem, genesis_hash,
                      optional_text, value_hash)
@@ -302,18 +303,22 @@ class Journal:
             try:
                 archive.start_copy(self._store.database.path, temp)
                 copied = archive.copied_count(temp)
+                reach_boundary("archive_copied", "archived")
                 with self._store.writing("archived") as chain:
                     self._refuse_archive(chain)
                     before, new_id = chain.checkpoint(), str(uuid.uuid4())
                     anchor = {"journal_id": chain.journal_id, "count": chain.count,
                               "head": chain.head, "file": archive.relative_name(chain.journal_id)}
                     archive.finish_copy(temp, self._store.raw_rows(copied, chain.count), chain)
+                    reach_boundary("archive_completed", "archived")
                     archive.write_intent(self.data_dir, {
                         "from": before, "to": new_id, "file": anchor["file"],
                         "temp": os.path.relpath(temp, self.data_dir)})
                     archive.seal(temp, archive.archive_path(self.data_dir, anchor))
+                    reach_boundary("archive_sealed", "archived")
                     after = self._store.reset_segment(chain, new_id, anchor).checkpoint()
                 archive.remove_intent(self.data_dir)
+                reach_boundary("intent_removed", "archived")
             except BaseException:
                 archive.discard(temp)
                 raise

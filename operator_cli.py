@@ -48,10 +48,17 @@ class _Parser(argparse.ArgumentParser):
 class _ExitingParser(argparse.ArgumentParser):
     """Inside Hermes' own argument parser: print the JSON usage error, exit 1."""
 
+    # Hermes parses a failing command line twice (the first time with stderr
+    # captured), so the same error would reach stdout twice: print it once.
+    _printed: set = set()
+
     def error(self, message: str) -> None:  # type: ignore[override]
-        """Print a JSON usage error and exit 1 (argparse would exit 2)."""
-        print(json_text({"ok": False, "error": {"code": "usage",
-                                                "message": f"{message} (see --help)"}}, 1))
+        """Print a JSON usage error (once per process) and exit 1 (argparse
+        would exit 2)."""
+        if message not in _ExitingParser._printed:
+            _ExitingParser._printed.add(message)
+            print(json_text({"ok": False, "error": {"code": "usage",
+                                                    "message": f"{message} (see --help)"}}, 1))
         sys.exit(EXIT_ERROR)
 
 

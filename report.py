@@ -43,7 +43,9 @@ def hermes_prefix(profile: Optional[str]) -> tuple:
     """The words of ``hermes [-p PROFILE] crash-recovery``: no path, no
     interpreter (safe to show in a chat).  ``profile``: None or ``default``
     for the default profile."""
-    if profile and profile not in ("default", "custom"):
+    # `-p default` even for the default profile: without it, a sticky
+    # `hermes profile use NAME` would run the command in NAME.
+    if profile and profile != "custom":
         return ("hermes", "-p", profile, "crash-recovery")
     return ("hermes", "crash-recovery")
 

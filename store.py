@@ -319,6 +319,8 @@ class JournalStore:
         ahead).  A database without tables gets its journal when this store may
         create one, else ``journal_absent``."""
         connection = self.database.connect()
+        if not self.readonly and archive.read_intent(self.data_dir) is not None:
+            self._recover_archive_switch()  # a writer finishes or undoes it first
         touched = self.database.files_touched()
         files_before = self.database.files_now() if self.database.immutable else None
         for attempt in range(READ_RETRY_ATTEMPTS):
@@ -337,6 +339,10 @@ class JournalStore:
             except sqlite3.Error as exc:
                 self.forget()
                 raise translate_sqlite_error(exc, "verifying the journal") from None
+            except IntegrityError as exc:
+                self.forget()
+                self._name_interrupted_archive(exc)
+                raise
             except BaseException:
                 self.forget()
                 raise
@@ -366,11 +372,7 @@ class JournalStore:
                 self.check_files(chain)
                 return chain
             except IntegrityError as exc:
-                if archive.read_intent(self.data_dir) is not None:
-                    raise IntegrityError(
-                        "archive_interrupted", f"an archive switch was interrupted ({exc.code}: "
-                        f"{exc.message}); the next protected call or operator command that "
-                        "writes finishes or undoes it") from None
+                self._name_interrupted_archive(exc)
                 # A live writer keeps head.json ahead of an older snapshot; a
                 # real rollback stays ahead after catching up.
                 if (exc.code not in ("checkpoint_ahead", "journal_rolled_back")
@@ -378,6 +380,15 @@ class JournalStore:
                     raise
             time.sleep(READ_RETRY_PAUSE_SECONDS)
         raise AssertionError("unreachable")
+
+    def _name_interrupted_archive(self, error: IntegrityError) -> None:
+        """While an archive switch is unfinished, a failed verification is that
+        interruption (``archive_interrupted``), not tampering."""
+        if error.code != "archive_interrupted" and archive.read_intent(self.data_dir) is not None:
+            raise IntegrityError(
+                "archive_interrupted", f"an archive switch was interrupted ({error.code}: "
+                f"{error.message}); the next protected call or operator command that writes "
+                "finishes or undoes it") from None
 
     def _extend_cached(self, connection: sqlite3.Connection, chain: Optional[Chain]) -> bool:
         """Extend the cached chain with the rows appended since; False when the
@@ -494,6 +505,22 @@ class JournalStore:
         self.files.write_marker(journal_id, SCHEMA, announce="archived_marker")
         self._chain = fresh
         return fresh
+
+    def _recover_archive_switch(self) -> None:
+        """Take the writer lock and finish or undo an interrupted archive switch."""
+        connection = self.database.connect()
+        try:
+            connection.execute("BEGIN IMMEDIATE")
+            try:
+                intent = archive.read_intent(self.data_dir)
+                if intent is not None:
+                    self._finish_archive_switch(connection, intent)
+            finally:
+                with contextlib.suppress(sqlite3.Error):
+                    connection.execute("ROLLBACK")
+        except sqlite3.Error as exc:
+            raise translate_sqlite_error(exc, "finishing an archive switch") from None
+        self.forget()
 
     def _finish_archive_switch(self, connection: sqlite3.Connection, intent: dict) -> None:
         """Writer lock held: finish (the database already names the new journal)

@@ -259,3 +259,33 @@ class UsageErrorTests(CliTestCase):
                 result = json.loads(stdout.getvalue())
                 self.assertEqual((result["ok"], result["error"]["code"]), (False, "usage"))
                 self.assertEqual(self.snapshot(), before)
+
+    def test_hermes_parser_prints_a_usage_error_once(self):
+        # Hermes parses a failing command line twice (the first time with
+        # stderr captured): stdout must still carry exactly one JSON document.
+        import argparse
+        parser = argparse.ArgumentParser(prog="hermes", exit_on_error=False)
+        commands = parser.add_subparsers(dest="top")
+        operator_cli.setup_hermes_command(commands.add_parser("crash-recovery"))
+        words = ["crash-recovery", "resolve", self.open_op, "--outcome", "maybe-" + self.id()]
+        stdout = io.StringIO()
+        with contextlib.redirect_stdout(stdout):
+            for _ in range(2):
+                with contextlib.redirect_stderr(io.StringIO()), self.assertRaises(SystemExit) as caught:
+                    parser.parse_args(words)
+                self.assertEqual(caught.exception.code, 1)
+        result = json.loads(stdout.getvalue())
+        self.assertEqual((result["ok"], result["error"]["code"]), (False, "usage"))
+        self.assertIn("maybe-", result["error"]["message"])
+
+
+class HermesPrefixTests(JournalTestCase):
+
+    def test_every_named_profile_is_explicit(self):
+        # `-p default` too: a sticky `hermes profile use NAME` would otherwise
+        # run the printed command in NAME.
+        from crash_recovery import report
+        self.assertEqual(report.hermes_prefix("default"), ("hermes", "-p", "default", "crash-recovery"))
+        self.assertEqual(report.hermes_prefix("work"), ("hermes", "-p", "work", "crash-recovery"))
+        self.assertEqual(report.hermes_prefix("custom"), ("hermes", "crash-recovery"))
+        self.assertEqual(report.hermes_prefix(None), ("hermes", "crash-recovery"))

@@ -132,8 +132,8 @@ class Threads(ReliabilityCase):
 
         self.assertEqual(guard.tool_execution("pay", {}, downstream, session_id="s",
                                               tool_call_id="c"), "ok")
-        # Another thread has no binding: the same ids are a nested call there.
-        self.assertEqual(json.loads(seen["other"]["message"])["code"], "nested_call")
+        # Another thread has no binding: the same ids are a sibling there, which waits.
+        self.assertEqual(json.loads(seen["other"]["message"])["code"], "operation_in_flight")
         self.assertEqual(seen["reentry"], "nested ran")
         guard.close()
         self.assertVerifies()

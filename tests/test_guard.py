@@ -10,6 +10,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import unittest
 from unittest import mock
 
@@ -490,8 +491,10 @@ class BindingTests(GuardTestCase):
         # While a call runs, the hook lets only that call's own entries through
         # (host identity: tool, session, tool-call id -- arguments may be
         # rewritten by the host between entries).  Another call is refused as
-        # nested (same session) or in flight (another session), never as an
-        # unknown outcome: the operation is running right here.
+        # nested where the running call's admission is visible (this context,
+        # whatever its ids: Hermes' execute_code bridge passes no session) and
+        # as in flight from a fresh context (a concurrent sibling), never as
+        # an unknown outcome: the operation is running right here.
         seen = {}
 
         def inside():
@@ -507,8 +510,9 @@ class BindingTests(GuardTestCase):
         self.call(downstream=Downstream(during=inside))
         self.assertIsNone(seen["same"])
         self.assertIsNone(seen["other_args"])
-        for key, code in (("fresh_context", "nested_call"), ("other_call_id", "nested_call"),
-                          ("other_tool", "nested_call"), ("other_session", "operation_in_flight")):
+        for key, code in (("fresh_context", "operation_in_flight"),
+                          ("other_call_id", "nested_call"), ("other_tool", "nested_call"),
+                          ("other_session", "nested_call")):
             with self.subTest(key):
                 blocked = self.assertHookBlocked(seen[key], code, [seen["operation_id"]])
                 self.assertIn("not run", blocked["explanation"])
@@ -516,8 +520,8 @@ class BindingTests(GuardTestCase):
         self.assertEqual(self.events(), [("started", None), ("returned", "returned")])
 
     def test_fresh_context_middleware_with_identical_ids_is_refused(self):
-        # Another thread of the same session (Hermes' RPC bridge of
-        # execute_code) has no binding: it is a nested call, refused.
+        # A thread with a fresh context (a concurrent sibling of the same
+        # session, even with identical ids) sees no admission: it must wait.
         seen = {}
 
         def inside():
@@ -527,7 +531,7 @@ class BindingTests(GuardTestCase):
                                                               downstream=seen["downstream"])
 
         self.call(downstream=Downstream(during=inside))
-        self.assertBlocked(seen["result"], "nested_call")
+        self.assertBlocked(seen["result"], "operation_in_flight")
         self.assertBlocked(seen["other_session"], "operation_in_flight")
         self.assertEqual(seen["downstream"].calls, 0)
         self.assertEqual(self.events(), [("started", None), ("returned", "returned")])
@@ -615,6 +619,30 @@ class BindingTests(GuardTestCase):
                          value_hash(json.dumps(blocked, ensure_ascii=False, sort_keys=True)))
         self.assertEqual(self.open_operation_ids(), [])
         self.assertEqual(self.call(call_id="call-3"), '{"status": "confirmed"}')
+
+    def test_bridge_thread_with_copied_context_is_nested(self):
+        # Hermes 0.19's execute_code runs its RPC bridge in a thread with a
+        # copy of the tool's context and calls tools with no session and no
+        # tool-call id, hook first.  Both gates see the admission: nested_call.
+        inner = Downstream()
+        seen = {}
+
+        def execute_code():
+            def bridge():
+                seen["hook"] = self.hook(tool="send_payment", session=None, call_id=None)
+                seen["middleware"] = self.call(tool="send_payment", session="", call_id="",
+                                               downstream=inner)
+            context = contextvars.copy_context()
+            thread = threading.Thread(target=context.run, args=(bridge,))
+            thread.start()
+            thread.join(10)
+            return seen["middleware"]
+
+        self.assertBlocked(self.call(downstream=execute_code), "nested_call")
+        self.assertHookBlocked(seen["hook"], "nested_call")
+        self.assertEqual(inner.calls, 0)
+        self.assertEqual(self.events(), [("started", None), ("returned", "not_run")])
+        self.assertEqual(self.open_operation_ids(), [])
 
     def test_reentry_without_tool_call_id_needs_the_same_arguments(self):
         inner = Downstream()

@@ -59,6 +59,9 @@ COMMAND_TIMEOUT_SECONDS = 90
 FLAKY = "flaky-service"
 FLAKY_PLUGIN_DIR = HOST_DIR / "flaky_plugin"
 PROFILE = "work"  # the named profile of the `profiles` step
+# How the default profile's commands may be spelled: plain, or pinned with
+# `-p default` (which also holds when another profile is made sticky).
+DEFAULT_PREFIXES = ("hermes crash-recovery", "hermes -p default crash-recovery")
 # An absolute path in text meant for a chat: "/" starting a path component,
 # not inside a word ("and/or") or a placeholder ("<a|b>").
 ABSOLUTE_PATH = re.compile(r"(?<![\w.<>|/-])/[\w.~-]")
@@ -107,7 +110,7 @@ def paths_in(text: str) -> List[str]:
     found = [match.group(0) for match in ABSOLUTE_PATH.finditer(text)]
     for word in ("operator_cli", "--data-dir", "plugin-data", sys.executable,
                  os.environ.get("HERMES_HOME", "\0"), os.environ.get("HOME", "\0")):
-        if word and word in text:
+        if word and len(word) > 2 and word in text:
             found.append(word)
     return found
 
@@ -291,11 +294,12 @@ def scenario_default_profile(home: Path, checks: CheckList) -> None:
     result = hermes_call("book_trip", {"traveler": "Cy", "destination": "Paris"},
                          session_id="session-H", call_id="call-H2", hook=False)
     refusal = blocked_document(result)
-    check_chat_safe_command(checks, "blocked", refusal, "hermes crash-recovery", operation_id)
-    write_facts(default_operation=operation_id,
-                default_status=(refusal or {}).get("operator_command"),
+    command = str((refusal or {}).get("operator_command"))
+    prefix = next((p for p in DEFAULT_PREFIXES if command == f"{p} status"), DEFAULT_PREFIXES[0])
+    check_chat_safe_command(checks, "blocked", refusal, prefix, operation_id)
+    write_facts(default_operation=operation_id, default_prefix=prefix, default_status=command,
                 default_resolve=resolve_line(str((refusal or {}).get("explanation", "")),
-                                             "hermes crash-recovery"))
+                                             prefix))
 
 
 def scenario_relay(home: Path, checks: CheckList) -> None:
@@ -781,10 +785,9 @@ class DeploymentRun:
         slash-command worker process (the TUI gateway's)."""
         environment = self.service_environment(work, HOME=str(fake_home),
                                                HERMES_HOME=str(named))
-        requests = "".join(json.dumps({"id": number, "command": command}) + "\n"
-                           for number, command in enumerate(("/crash-recovery", "crash-recovery"), 1))
+        request = json.dumps({"id": 1, "command": "/crash-recovery"}) + "\n"
         ran = self.run([sys.executable, "-m", "tui_gateway.slash_worker", "--session-key",
-                        "deployment-check"], environment, work, stdin_text=requests)
+                        "deployment-check"], environment, work, stdin_text=request)
         replies = {}
         for line in ran.stdout.splitlines():
             try:
@@ -862,7 +865,8 @@ class DeploymentRun:
         for name, line, prefix, home_dir, operation in (
                 ("named", facts.get("relay_resolve"), ["hermes", "-p", PROFILE, "crash-recovery"],
                  named_dir, work_op),
-                ("default", facts.get("default_resolve"), ["hermes", "crash-recovery"],
+                ("default", facts.get("default_resolve"),
+                 shlex.split(facts.get("default_prefix") or DEFAULT_PREFIXES[0]),
                  default_dir, default_op)):
             words = shlex.split(line) if line else []
             expected = [*prefix, "resolve", operation, "--outcome", "<completed|not_applied>",
