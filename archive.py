@@ -24,7 +24,8 @@ from typing import Iterator, Optional
 from .chain import Chain, PossibleReuse, extend_chain
 from .database import (SQL_INSERT_EVENT, SQL_SELECT_OPERATION_EVENTS, SQL_SELECT_ROWS_AFTER,
                        schema_problem)
-from .durable import fsync_directory, read_regular_file, storage_error, write_atomically
+from .durable import (fsync_directory, make_durable_directories, read_regular_file, storage_error,
+                      write_atomically)
 from .errors import IntegrityError, JournalError
 from .record import SCHEMA, canonical_text, decode_payload, genesis_hash
 
@@ -170,7 +171,7 @@ def events(data_dir: str, anchor: dict, operation_id: Optional[str] = None) -> I
 def start_copy(database_path: str, temp_path: str) -> None:
     """A consistent copy of the live database (``VACUUM INTO`` from a read-only
     connection: no writer lock is held for the long part)."""
-    os.makedirs(os.path.dirname(temp_path), exist_ok=True)
+    make_durable_directories(os.path.dirname(temp_path))
     with contextlib.suppress(FileNotFoundError):
         os.unlink(temp_path)
     source = sqlite3.connect("file:" + urllib.parse.quote(database_path) + "?mode=ro", uri=True,

@@ -21,7 +21,7 @@ import uuid
 from typing import Any, Optional
 
 from . import report
-from .durable import open_regular_file, read_regular_file
+from .durable import fsync_directory, open_regular_file, read_regular_file
 from .errors import JournalError
 from .journal import Journal
 from .owner import OWNER_RUNNING, probe_lock, probe_owner
@@ -117,6 +117,7 @@ def _append_operator_log(data_dir: str, entry: dict) -> Optional[str]:
             os.fsync(descriptor)
         finally:
             os.close(descriptor)
+        fsync_directory(data_dir)  # the file's name, when this append created it
     except OSError as exc:
         return f"{OPERATOR_LOG_NAME} not written: {exc.strerror or exc}"
     return None

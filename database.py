@@ -13,6 +13,7 @@ change behind the connection (a raw edit, a replaced database, a deleted WAL).
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import sqlite3
@@ -22,12 +23,13 @@ import urllib.parse
 import uuid
 from typing import Optional
 
-from .durable import (file_size, file_state, read_regular_file, reach_boundary, storage_error,
-                      BOUNDARY_KIND_GENESIS)
+from .durable import (TEMP_SUFFIX, file_size, file_state, fsync_directory,
+                      make_durable_directories, process_alive, read_regular_file, reach_boundary,
+                      storage_error, temp_path_for, BOUNDARY_KIND_GENESIS)
 from . import forksafe
 from .errors import IntegrityError, JournalError, JournalUnavailable, short
-from .record import (CHECKPOINT_NAME, DATABASE_NAME, KIND_ARCHIVED, MARKER_NAME, SCHEMA, SHM_SUFFIX, WAL_SUFFIX,
-                     is_uuid)
+from .record import (CHECKPOINT_NAME, DATABASE_NAME, KIND_ARCHIVED, MARKER_NAME, SCHEMA,
+                     SHM_SUFFIX, WAL_SUFFIX, genesis_hash, is_uuid)
 
 # Seconds a writer waits for SQLite's writer lock before the call is refused.
 # Admissions hold the lock for milliseconds, so waiting longer only delays a refusal.
@@ -35,6 +37,11 @@ DEFAULT_BUSY_TIMEOUT_SECONDS = 5.0
 # Pause in seconds between attempts to switch a database another process is
 # creating right now to WAL (bounded by the busy timeout).
 WAL_RETRY_PAUSE_SECONDS = 0.01
+# Where os.link fails with one of these, the filesystem has no hard links.
+_NO_HARD_LINKS = frozenset(code for code in (getattr(errno, name, None) for name in (
+    "EPERM", "ENOTSUP", "EOPNOTSUPP", "ENOSYS", "EMLINK", "EXDEV")) if code is not None)
+# A database under construction and the side files SQLite may give it.
+_BUILD_SUFFIXES = ("", "-journal", WAL_SUFFIX, SHM_SUFFIX)
 # The first 16 bytes of every SQLite 3 database file.
 SQLITE_FILE_HEADER = b"SQLite format 3\x00"
 
@@ -76,6 +83,8 @@ SQL_SELECT_ROWS_AFTER = (
     "FROM events WHERE seq > ? ORDER BY seq")
 SQL_SELECT_ROW = "SELECT payload, previous, hash FROM events WHERE seq = ?"
 SQL_SELECT_HASH_AT = "SELECT hash FROM events WHERE seq = ?"
+SQL_SELECT_LAST_EVENT = "SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1"
+SQL_SELECT_PREVIOUS_AT = "SELECT previous FROM events WHERE seq = ?"
 SQL_SELECT_PAYLOAD_AT = "SELECT payload FROM events WHERE seq = ?"
 SQL_SELECT_JOURNAL_ID = "SELECT value FROM metadata WHERE key = 'journal_id'"
 SQL_SELECT_EVENTS_BETWEEN = "SELECT seq, payload FROM events WHERE seq > ? AND seq <= ? ORDER BY seq"
@@ -237,10 +246,7 @@ class Database:
                     raise self.missing_database()
                 if not self.create:
                     raise JournalUnavailable("journal_absent", f"no journal in {self.data_dir}")
-                try:
-                    os.makedirs(self.data_dir, exist_ok=True)
-                except OSError as exc:
-                    raise storage_error(exc, "creating the data directory") from None
+                self._create_database_file()
         try:
             if self.readonly:
                 self.immutable = self._quiescent_and_unwritable()
@@ -278,6 +284,78 @@ class Database:
         self.connection = connection
         self._file_identity = (identity.st_dev, identity.st_ino)
         return connection
+
+    def _create_database_file(self) -> None:
+        """Build a new journal (WAL mode, tables, metadata, triggers) under a
+        temporary name, fsync it and hard-link it into place, so that
+        ``journal.sqlite3`` never exists half-made and a crash at any point
+        leaves either no journal or a complete empty one (docs/format.md
+        §Creation).  A concurrent creator may win the link: its journal is
+        used.  Where the filesystem has no hard links, SQLite creates the file
+        in place (the writer lock then serializes the schema)."""
+        temp_path = temp_path_for(self.path)
+        try:
+            make_durable_directories(self.data_dir)
+            self._build_database(temp_path)
+            descriptor = os.open(temp_path, os.O_RDONLY)
+            try:
+                os.fsync(descriptor)
+            finally:
+                os.close(descriptor)
+            try:
+                os.link(temp_path, self.path)
+            except FileExistsError:
+                pass  # a concurrent creator won: its journal is used
+            except OSError as exc:
+                if exc.errno not in _NO_HARD_LINKS:
+                    raise
+            fsync_directory(self.data_dir)
+        except OSError as exc:
+            raise storage_error(exc, "creating the journal database") from None
+        except sqlite3.Error as exc:
+            raise translate_sqlite_error(exc, "creating the journal database") from None
+        finally:
+            for suffix in _BUILD_SUFFIXES:
+                with contextlib.suppress(OSError):
+                    os.unlink(temp_path + suffix)
+        reach_boundary("tables_committed", BOUNDARY_KIND_GENESIS)
+
+    def _build_database(self, temp_path: str) -> None:
+        """The complete empty journal at ``temp_path``, closed (its WAL folded in)."""
+        build = sqlite3.connect(temp_path, isolation_level=None)
+        try:
+            mode = build.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise JournalUnavailable(
+                    "wal_unavailable", f"SQLite answered journal_mode={mode!r} instead of "
+                    f"'wal' in {self.data_dir}; the journal needs WAL (a local filesystem)")
+            build.execute("PRAGMA synchronous=FULL")
+            build.execute("BEGIN IMMEDIATE")
+            self.create_schema(build, str(uuid.uuid4()))
+            build.execute("COMMIT")
+        finally:
+            build.close()
+
+    def remove_stale_build_files(self) -> list:
+        """Remove databases a dead creator left half-built (names of
+        :meth:`_create_database_file`'s temporary files whose process is gone);
+        returns the names removed.  Never raises."""
+        removed = []
+        try:
+            names = os.listdir(self.data_dir)
+        except OSError:
+            return removed
+        prefix = DATABASE_NAME + "."
+        for name in names:
+            if not name.startswith(prefix) or not any(name.endswith(TEMP_SUFFIX + suffix)
+                                                      for suffix in _BUILD_SUFFIXES):
+                continue
+            pid = name[len(prefix):].split("-", 1)[0]
+            if pid.isdigit() and not process_alive(int(pid)):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(self.data_dir, name))
+                    removed.append(name)
+        return removed
 
     def _quiescent_and_unwritable(self) -> bool:
         """No connection anywhere has the journal open (SQLite keeps ``-wal`` and
@@ -358,36 +436,101 @@ class Database:
     def _check_wal_owner(self) -> None:
         """A WAL is not bound to its database file: beside a database replaced by
         another journal's, SQLite shows the WAL's pages -- and the first writer
-        to close would checkpoint them into the replacement.  So before a
-        writable connection exists, the main file on its own (``immutable=1``
-        ignores the WAL) and the WAL's view (read-only: never checkpoints) must
-        name the same journal."""
+        to close would checkpoint them into the replacement, deleting the only
+        copy of the events in the WAL.  So before a writable connection exists,
+        the main file on its own (``immutable=1`` ignores the WAL) is compared
+        with the WAL's view (read-only: never checkpoints) and with head.json.
+
+        Only the main file's *metadata* is trusted: a crash during a checkpoint
+        can leave torn event pages there (the WAL still holds them whole);
+        metadata is rewritten by a checkpoint only after an archive switch,
+        whose successor journal is recognised.  A stray WAL shows as: another
+        journal in the WAL's view (unless its first event links to the main
+        file's genesis: metadata edited through SQLite, which verification
+        names); a first event not linked to the genesis of a main file without
+        events; or the WAL's view holding head.json's head while head.json
+        and the marker name another journal than the main file."""
         if file_size(self.path + WAL_SUFFIX) <= 0:
             return
         quoted = "file:" + urllib.parse.quote(self.path)
-        found = []
-        for query in ("?mode=ro&immutable=1", "?mode=ro"):
-            try:
-                probe = sqlite3.connect(quoted + query, uri=True, isolation_level=None,
-                                        timeout=self.busy_timeout)
-                try:
-                    row = probe.execute(SQL_SELECT_JOURNAL_ID).fetchone()
-                finally:
-                    probe.close()
-            except sqlite3.Error:
-                # Deliberately not translated: a main file without tables yet
-                # (nothing checkpointed), one being checkpointed right now, or a
-                # database the real open reports on is no evidence here.
+        try:
+            main_only = self._probe(quoted + "?mode=ro&immutable=1", None)
+            if main_only is None:
                 return
-            if row is None:
-                return
-            found.append(row[0])
-        if found[0] != found[1] and not self._successor_in_wal(quoted, found[0]):
+            journal_id, schema, seq, _, _ = main_only
+            checkpoint = self._checkpoint_named()
+            with_wal = self._probe(quoted + "?mode=ro", checkpoint[1] if checkpoint else seq)
+        except sqlite3.Error:
+            # Deliberately not translated: a main file without tables yet (nothing
+            # checkpointed), one being checkpointed right now, or a database the
+            # real open reports on is no evidence here.
+            return
+        if with_wal is None or self._successor_in_wal(quoted, journal_id):
+            return
+        genesis = genesis_hash(journal_id, schema)
+        first_linked = self._first_previous(quoted) in (None, genesis)
+        if with_wal[0] != journal_id:
+            stray = not first_linked
+        elif not seq and not first_linked:
+            stray = True
+        else:
+            stray = (checkpoint is not None and checkpoint[0] != journal_id
+                     and checkpoint[0] == self._marker_names()
+                     and with_wal[3] == checkpoint[2])
+        if stray:
             raise IntegrityError(
                 "stray_wal",
-                f"{DATABASE_NAME} on its own is journal {short(str(found[0]))} but its "
-                f"{WAL_SUFFIX} file shows journal {short(str(found[1]))}: the database was "
-                "replaced beside a stray WAL; nothing was written", survivors=self.survivors())
+                f"{DATABASE_NAME} on its own is journal {short(str(journal_id))} but its "
+                f"{WAL_SUFFIX} file holds another journal's events: the database was replaced "
+                "beside a stray WAL; nothing was written", survivors=self.survivors())
+
+    def _checkpoint_named(self) -> Optional[tuple]:
+        """``(journal_id, count, head)`` of head.json, None when unreadable
+        (verification reports that)."""
+        try:
+            checkpoint = json.loads(read_regular_file(os.path.join(self.data_dir,
+                                                                   CHECKPOINT_NAME)))
+            return checkpoint["journal_id"], int(checkpoint["count"]), checkpoint["head"]
+        except (OSError, ValueError, TypeError, KeyError):
+            return None
+
+    def _marker_names(self) -> Optional[str]:
+        """The journal id the marker names (None when unreadable)."""
+        try:
+            return json.loads(read_regular_file(os.path.join(self.data_dir,
+                                                             MARKER_NAME)))["journal_id"]
+        except (OSError, ValueError, TypeError, KeyError):
+            return None
+
+    def _first_previous(self, quoted: str) -> Optional[str]:
+        """``previous`` of the first event in the WAL's view (None: no event)."""
+        probe = sqlite3.connect(quoted + "?mode=ro", uri=True, isolation_level=None,
+                                timeout=self.busy_timeout)
+        try:
+            row = probe.execute(SQL_SELECT_PREVIOUS_AT, (1,)).fetchone()
+            return row[0] if row else None
+        finally:
+            probe.close()
+
+    def _probe(self, uri: str, seq: Optional[int]) -> Optional[tuple]:
+        """``(journal_id, schema, seq, hash at seq, None)`` as one read-only view
+        shows them (``seq`` None: the last event's, 0 without events; the hash
+        None where there is no such event); None without a journal id.
+        ``sqlite3.Error`` propagates."""
+        probe = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=self.busy_timeout)
+        try:
+            probe.execute("BEGIN")  # every read from one snapshot
+            metadata = dict(probe.execute(SQL_SELECT_METADATA).fetchall())
+            if "journal_id" not in metadata:
+                return None
+            if seq is None:
+                seq, head = probe.execute(SQL_SELECT_LAST_EVENT).fetchone() or (0, None)
+            else:
+                row = probe.execute(SQL_SELECT_HASH_AT, (seq,)).fetchone()
+                head = row[0] if row else None
+            return metadata["journal_id"], metadata.get("schema"), seq, head, None
+        finally:
+            probe.close()
 
     def _successor_in_wal(self, quoted: str, sealed_journal_id: str) -> bool:
         """After an archive switch the new journal may live only in the WAL until

@@ -123,6 +123,41 @@ def fsync_directory(path: str) -> None:
         os.close(descriptor)
 
 
+def make_durable_directories(path: str) -> None:
+    """Create ``path`` and its missing parents, then fsync every ancestor so
+    each entry on the way to ``path`` survives power loss -- also those a host
+    created moments before without an fsync (docs/persistence.md).  Once per
+    journal creation: a handful of fsyncs.  Raises ``OSError``."""
+    path = os.path.abspath(path)
+    missing = []
+    current = path
+    while not os.path.isdir(current):
+        missing.append(current)
+        parent = os.path.dirname(current)
+        if parent == current:
+            break
+        current = parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory)
+        except FileExistsError:
+            if not os.path.isdir(directory):
+                raise
+    current = path
+    while True:
+        parent = os.path.dirname(current)
+        if parent == current:
+            return
+        try:
+            fsync_directory(parent)
+        except OSError as exc:
+            # A directory high up may not take an fsync (read-only mount, no
+            # permission, a filesystem without directory fsync); an I/O error does.
+            if exc.errno not in (errno.EINVAL, errno.EROFS, errno.EACCES, errno.EPERM):
+                raise
+        current = parent
+
+
 def storage_error(exc: OSError, action: str) -> JournalUnavailable:
     """An ``OSError`` as ``storage_unavailable``, naming the action and file."""
     where = f" ({exc.filename})" if exc.filename else ""
@@ -174,6 +209,17 @@ def write_atomically(target: str, content: bytes, *, announce: str = "",
         if isinstance(exc, OSError):
             raise storage_error(exc, f"writing {os.path.basename(target)}") from None
         raise
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host (one of another user counts)."""
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def remove_stale_temp_files(data_dir: str, targets: tuple) -> list:
@@ -301,6 +347,10 @@ class DurableFiles:
     def read_checkpoint(self) -> Any:
         """The decoded ``head.json`` (raises ``OSError``/``ValueError``)."""
         return json.loads(read_regular_file(self.checkpoint_path))
+
+    def all_present(self) -> bool:
+        """Whether both head.json and the marker exist (whatever they hold)."""
+        return os.path.lexists(self.checkpoint_path) and os.path.lexists(self.marker_path)
 
     def write_checkpoint(self, checkpoint: dict, *, announce: str) -> None:
         """Replace ``head.json`` durably with ``checkpoint`` (sets

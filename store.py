@@ -266,6 +266,7 @@ class JournalStore:
                 reach_boundary("begin", kind)
                 if not self._temp_files_checked:
                     self.files.remove_stale_temp_files()
+                    self.database.remove_stale_build_files()
                     self._temp_files_checked = True
                 intent = archive.read_intent(self.data_dir)
                 if intent is not None:
@@ -310,14 +311,16 @@ class JournalStore:
             raise _StaleSnapshot() from None
         return chain
 
-    def snapshot(self, *, full: bool = False, check_files: bool = True) -> Chain:
+    def snapshot(self, *, full: bool = False, check_files: bool = True,
+                 complete_creation: bool = True) -> Chain:
         """The verified chain, verified on a read snapshot: the whole history
         when nothing is cached, when asked, when the schema changed, when the
         files changed with no commit to explain it, or when the interval has
         passed; else only what was appended since.  ``check_files``: also check
         the marker and head.json (re-reading a head.json a live writer has moved
-        ahead).  A database without tables gets its journal when this store may
-        create one, else ``journal_absent``."""
+        ahead).  A database without tables, or an empty journal without
+        head.json or the marker, is completed when this store may create one
+        (``complete_creation``); else a table-less one is ``journal_absent``."""
         connection = self.database.connect()
         if not self.readonly and archive.read_intent(self.data_dir) is not None:
             self._recover_archive_switch()  # a writer finishes or undoes it first
@@ -358,11 +361,12 @@ class JournalStore:
                                          "a worker started while the journal was read without "
                                          "write access; run the command again (or stop the "
                                          "workers first)")
-            if chain is None:  # a fresh database without tables
-                if self.create:
-                    return self._create(connection)
+            if chain is None and not self.create:  # an empty file, made by hand
                 raise JournalUnavailable("journal_absent",
                                          f"the journal in {self.data_dir} has no tables yet")
+            if self.create and complete_creation and (chain is None or (
+                    chain.count == 0 and not self.files.all_present())):
+                return self._create(connection)  # new, or its creator died half-way
             self._chain, self._schema_version, self._data_version = chain, schema_version, data_version
             self.database.remember_files()
             full = touched = False
@@ -457,7 +461,7 @@ class JournalStore:
         except sqlite3.Error as exc:
             raise translate_sqlite_error(exc, "creating the journal") from None
         self.forget()
-        return self.snapshot(check_files=False)
+        return self.snapshot(check_files=False, complete_creation=False)
 
     def check_files(self, chain: Chain) -> None:
         """The marker, then head.json (docs/format.md §Verification steps 3-4).

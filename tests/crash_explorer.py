@@ -54,10 +54,12 @@ if TESTS not in sys.path:
 import explorer_scenarios as scenarios  # noqa: E402
 
 STRACE_CALLS = ("openat,open,creat,write,pwrite64,writev,pwritev,pwritev2,ftruncate,truncate,"
-                "fsync,fdatasync,rename,renameat,renameat2,unlink,unlinkat,mkdir,mkdirat,rmdir,"
+                "fsync,fdatasync,rename,renameat,renameat2,link,linkat,unlink,unlinkat,mkdir,mkdirat,"
+                "rmdir,"
                 "close,lseek,dup,dup2,dup3")
 SECTOR = 512
-CONTENT_KINDS, NAME_KINDS = ("write", "trunc"), ("creat", "rename", "unlink", "mkdir", "rmdir")
+CONTENT_KINDS, NAME_KINDS = ("write", "trunc"), ("creat", "rename", "link", "unlink", "mkdir",
+                                                 "rmdir")
 # Exhaustive mode: at most this many prefix combinations / subsets per crash point.
 EXHAUSTIVE_CAP = 4096
 FAST_TMP = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
@@ -133,7 +135,7 @@ def _reachable(path: str, dirs: set) -> bool:
 @dataclasses.dataclass
 class Op:
     """One recorded call.  ``kind``: write, trunc (content of ``inode``);
-    creat, rename, unlink, mkdir, rmdir (names; ``path`` is the new name,
+    creat, rename, link, unlink, mkdir, rmdir (names; ``path`` is the new name,
     ``source`` the old one); sync (fsync/fdatasync of ``objects[0]``);
     witness_open / witness_write (the programs' evidence, never state).
     ``objects``: what must be fsynced to make it durable (``ino:N`` or
@@ -152,7 +154,8 @@ class Op:
 
     def label(self) -> str:
         where = {"write": f" [{self.offset}:{self.offset + len(self.data)})",
-                 "trunc": f" to {self.size}", "rename": f" from {self.source}"}.get(self.kind, "")
+                 "trunc": f" to {self.size}", "rename": f" from {self.source}",
+                 "link": f" to {self.source}"}.get(self.kind, "")
         return f"#{self.index} {self.call or self.kind} {self.path}{where} (strace line {self.line})"
 
     def cuts(self) -> list:
@@ -424,6 +427,23 @@ class TraceParser:
 
     _on_renameat2 = _on_renameat
 
+    def _link(self, source: str, target: str) -> None:
+        source_area, old = self._where(source)
+        target_area, new = self._where(target)
+        if source_area != "home" and target_area != "home":
+            return
+        if source_area != target_area or old not in self.names:
+            raise TraceError(f"line {self.line}: link {source} -> {target} is not modelled")
+        inode = self.names[old]
+        self.names[new] = inode
+        self._emit("link", (self._parent(new),), path=new, source=old, inode=inode, call="link")
+
+    def _on_link(self, pid, args, ret, path):
+        self._link(self._resolve(None, args[0]), self._resolve(None, args[1]))
+
+    def _on_linkat(self, pid, args, ret, path):
+        self._link(self._resolve(args[0], args[1]), self._resolve(args[2], args[3]))
+
     def _remove(self, target: str, directory: bool) -> None:
         area, relative = self._where(target)
         if area != "home" or relative.endswith("-shm"):
@@ -515,6 +535,9 @@ class CrashModel:
             elif op.kind == "rename":
                 if names.get(op.source) == op.inode:
                     del names[op.source]
+                names[op.path] = op.inode
+                contents.setdefault(op.inode, bytearray())
+            elif op.kind == "link":
                 names[op.path] = op.inode
                 contents.setdefault(op.inode, bytearray())
             elif op.kind == "unlink":

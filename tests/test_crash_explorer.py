@@ -37,22 +37,6 @@ SEED, SAMPLES, BUDGET = 13, 3, 40
 
 # (scenario, invariant) -> diagnosis.  Found in the real, unmutated traces.
 KNOWN_FINDINGS = {
-    ("first_call", "gate_opened"):
-        "os.makedirs creates plugin-data/ and crash-recovery/ but nothing fsyncs their parent "
-        "directories; a power loss can drop the whole data directory after the tool ran, and "
-        "the next call starts a fresh journal and runs again",
-    ("first_call", "event_lost"): "the same: the durable `started` vanishes with the directory",
-    ("first_call", "not_settled"): "the same, after the program finished: journal_absent",
-    ("first_call", "crash_verdict"):
-        "a crash inside the WAL-mode switch of a new database leaves a hot rollback journal; "
-        "read-only verify/status report storage_unavailable ('attempt to write a readonly "
-        "database') instead of accepting an interrupted creation (docs/format.md §Creation)",
-    ("resolve", "audit_lost"):
-        "operator.log is created (O_CREAT) and fsynced, but its directory entry is never "
-        "fsynced: after `resolve` reported success the whole file can vanish",
-    ("repair", "audit_lost"): "the same for repair-checkpoint (its only record)",
-    ("repair_lost_started", "audit_lost"): "the same for repair-checkpoint",
-    ("archive", "audit_lost"): "the same for archive",
     ("archive", "bad_outcome"):
         "archive (work in progress): a crash inside the switch leaves archive_interrupted (the "
         "next writer finishes or undoes it), a code docs/cli.md §Verdict codes does not list",

@@ -396,6 +396,16 @@ class StrayWal(JournalTestCase):
         shutil.copyfile(self.other_journal(), database)
         self.assert_stray()
 
+    def test_fresh_journal_without_events_beside_wal(self):
+        # The replacement holds only its metadata: the WAL's first event links
+        # to another journal's genesis hash, not to this one's.
+        other = os.path.join(self.root, "fresh")
+        with Journal(other) as journal:
+            self.assertEqual(journal.checkpoint()["count"], 0)
+        database = self.crashed_copy()
+        shutil.copyfile(os.path.join(other, "journal.sqlite3"), database)
+        self.assert_stray()
+
     def test_live_guard_sees_replacement_then_fresh_process_sees_stray_wal(self):
         guard = RecoveryGuard(self.data_dir)
         for index in range(2):
