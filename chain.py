@@ -287,14 +287,8 @@ def _layout(fields: dict, patterns: dict) -> "re.Pattern":
 _STARTED = _layout(
     {"kind": "started", "operation_id": "@operation", "tool": "@tool", "fingerprint": "@fingerprint",
      "args_hash": "@args", "session_id": "@session", "tool_call_id": "@call", "timestamp_ns": -1},
-    {"@operation": _UUID, '"@tool"': _NAME, "@fingerprint": rb".{64}", "@args": rb".{64}",
+    {"@operation": _UUID, '"@tool"': _NAME, "@fingerprint": _HASH, "@args": _HASH,
      '"@session"': _PLAIN, '"@call"': _PLAIN, "-1": _TIME})
-# The two hashes open every started payload at fixed offsets; the pattern leaves
-# them to a cheaper check of these slices.
-_STARTED_ARGS_HASH = slice(len(b'{"args_hash":"'), len(b'{"args_hash":"') + 64)
-_STARTED_FINGERPRINT = slice(_STARTED_ARGS_HASH.stop + len(b'","fingerprint":"'),
-                             _STARTED_ARGS_HASH.stop + len(b'","fingerprint":"') + 64)
-_HEX = b"0123456789abcdef"
 # Outcomes: group 1 the operation id, group 2 the reason.
 _RETURNED, _UNCERTAIN = (
     _layout({"kind": kind, "operation_id": "@operation", "reason": "@reason",
@@ -324,7 +318,6 @@ def extend_chain(chain: Chain, rows: Iterable[tuple], *, full: bool = False) -> 
     buckets, bucket_mask = chain.seen.buckets, _BUCKETS - 1
     started_layout, returned_layout = _STARTED.fullmatch, _RETURNED.fullmatch
     uncertain_layout = _UNCERTAIN.fullmatch
-    args_hash, fingerprint, hex_digits = _STARTED_ARGS_HASH, _STARTED_FINGERPRINT, _HEX
     sha256, hexlify = hashlib.sha256, binascii.hexlify
     for found_seq, payload, previous, stored_hash in rows:
         seq += 1
@@ -345,8 +338,7 @@ def extend_chain(chain: Chain, rows: Iterable[tuple], *, full: bool = False) -> 
             match = started_layout(payload)
             if match is not None:
                 key = match.group(1)
-                if (key not in opened and not payload[args_hash].strip(hex_digits)
-                        and not payload[fingerprint].strip(hex_digits)):
+                if key not in opened:
                     if hexlify(sha256(b'{"payload":"' + payload.replace(b'"', b'\\"')
                                       + b'","previous":"' + previous + b'"}').digest()) != stored_hash:
                         raise _hash_mismatch(seq)

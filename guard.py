@@ -28,16 +28,15 @@ and minute), late outcomes.
 """
 from __future__ import annotations
 
-import contextvars
 import json
 import logging
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence, Union
 
 from . import forksafe, report
+from .binding import ADMISSION, Admission, live_admission, same_call
 from .classify import is_error_response
 from .durable import reach_boundary
 from .errors import AdmissionRefused, EncodingError, JournalError, JournalUnavailable
@@ -50,51 +49,6 @@ logger = logging.getLogger(__name__)
 
 # Refusals are logged at most once per operation (or code) in this many seconds.
 REFUSAL_LOG_INTERVAL_SECONDS = 60.0
-
-
-@dataclass
-class Admission:
-    """The binding of docs/guard.md §Inside Hermes: the admitted operation and
-    the call's identity ``(tool_name, session_id, tool_call_id, args_hash)``.
-
-    ``active`` turns False when the call ends.  A context copied during the call
-    (a thread or task the tool started) keeps this same object, so a stale copy
-    can never pass as re-entry after the call is over.  ``inner_refusal``: the
-    blocked text this guard returned to a nested entry of this call.
-    """
-    operation_id: str
-    identity: tuple
-    started_ns: int = 0
-    active: bool = True
-    inner_refusal: Optional[str] = None
-
-    def view(self) -> dict:
-        """The running operation as a refusal shows it."""
-        return {"operation_id": self.operation_id, "tool": self.identity[0], "state": "pending",
-                "started_at": report.iso_utc(self.started_ns),
-                "age_seconds": round(max(0, time.time_ns() - self.started_ns) / 1e9, 3)}
-
-
-# Per-context: Hermes' concurrent path runs each call in a copied context, so a
-# binding never leaks to another call, thread or later call.
-_ADMISSION: contextvars.ContextVar[Optional[Admission]] = contextvars.ContextVar(
-    "crash_recovery_admission", default=None)
-
-
-def _live_admission() -> Optional[Admission]:
-    """This context's binding, if its call is still running."""
-    admission = _ADMISSION.get()
-    return admission if admission is not None and admission.active else None
-
-
-def same_call(bound: tuple, identity: tuple) -> bool:
-    """Whether ``identity`` is the call ``bound`` describes, by the host's
-    identity of a call -- tool name, session, tool-call id -- not by argument
-    bytes (a host may rewrite arguments between two entries of one call).
-    Without a tool-call id, the arguments must match too."""
-    if bound[:3] != identity[:3]:
-        return False
-    return identity[2] is not None or bound[3] == identity[3]
 
 
 class _Refusal(Exception):
@@ -281,7 +235,7 @@ class RecoveryGuard:
             # visible, e.g. Hermes' execute_code bridge thread copies the
             # context), or this process was forked during it.  Siblings run in
             # fresh contexts: they wait.
-            binding = _live_admission()
+            binding = live_admission()
             nested = (running[0]["operation_id"] == self._forked_during
                       or (binding is not None
                           and running[0]["operation_id"] == binding.operation_id))
@@ -307,7 +261,7 @@ class RecoveryGuard:
             open_operations = journal.unresolved()
         except JournalError as exc:
             raise self._refusal_from(exc) from None
-        binding = _live_admission()
+        binding = live_admission()
         if identity is not None and binding is not None and same_call(binding.identity, identity):
             open_operations = tuple(operation for operation in open_operations
                                     if operation.operation_id != binding.operation_id)
@@ -371,7 +325,7 @@ class RecoveryGuard:
                                           "The host passed no next_call; nothing was run."))
         if not self.is_protected(tool_name):
             return next_call()
-        binding = _live_admission()
+        binding = live_admission()
         try:
             identity, call_fingerprint = self._identity(tool_name, args, session_id, tool_call_id)
             if binding is not None and not same_call(binding.identity, identity):
@@ -440,7 +394,7 @@ class RecoveryGuard:
                     "The call was NOT run; if the journal shows it as pending, its start was "
                     "recorded before the failure: settle it as not_applied."))
             admission = self._current = Admission(operation_id, identity, time.time_ns())
-            token = _ADMISSION.set(admission)
+            token = ADMISSION.set(admission)
             return self._call_downstream(journal, admission, tool_name, next_call)
         finally:
             self._end_call(admission, token)
@@ -454,7 +408,7 @@ class RecoveryGuard:
                     admission.active = False
             finally:
                 if token is not None:
-                    _ADMISSION.reset(token)
+                    ADMISSION.reset(token)
         finally:
             try:
                 self._current = None

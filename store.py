@@ -264,10 +264,7 @@ class JournalStore:
                 raise translate_sqlite_error(exc, "taking the journal writer lock") from None
             try:
                 reach_boundary("begin", kind)
-                if not self._temp_files_checked:
-                    self.files.remove_stale_temp_files()
-                    self.database.remove_stale_build_files()
-                    self._temp_files_checked = True
+                self._remove_leftovers_locked()
                 intent = archive.read_intent(self.data_dir)
                 if intent is not None:
                     self._finish_archive_switch(connection, intent)
@@ -445,6 +442,7 @@ class JournalStore:
         try:
             connection.execute("BEGIN IMMEDIATE")
             try:
+                self._remove_leftovers_locked()
                 genesis = self.database.read_genesis(connection, False)
                 if genesis is None:
                     journal_id, schema = self.database.initialize(connection), SCHEMA
@@ -462,6 +460,14 @@ class JournalStore:
             raise translate_sqlite_error(exc, "creating the journal") from None
         self.forget()
         return self.snapshot(check_files=False, complete_creation=False)
+
+    def _remove_leftovers_locked(self) -> None:
+        """Once per store, writer lock held: remove the temporary files of dead
+        writers and creators (every writer of them holds the lock)."""
+        if not self._temp_files_checked:
+            self.files.remove_stale_temp_files()
+            self.database.remove_stale_build_files()
+            self._temp_files_checked = True
 
     def check_files(self, chain: Chain) -> None:
         """The marker, then head.json (docs/format.md §Verification steps 3-4).

@@ -8,7 +8,10 @@ product's encoder cannot hide behind a matching bug here.
 What it produces in ``DATA_DIR``:
 
 * ``journal.sqlite3`` in WAL mode with the tables ``metadata(key, value)``
-  (``journal_id``, ``schema``) and ``events(seq, payload, previous, hash)``;
+  (``journal_id``, ``schema``) and ``events(seq, payload, previous, hash)``,
+  and the six append-only triggers (docs/format.md §Tables), created after the
+  bulk insert so the per-row ``events_append_only`` check does not slow it down
+  (the finished schema is the same);
 * ``initialized``: canonical ``{"journal_id": ..., "schema": ...}`` + newline;
 * ``head.json``: canonical ``{"count", "head", "journal_id", "schema"}``.
 
@@ -53,6 +56,24 @@ SCHEMA = "hermes.crash-recovery.v1"
 DB_NAME = "journal.sqlite3"
 HEAD_NAME = "head.json"
 MARKER_NAME = "initialized"
+
+SQL_CREATE_METADATA = "CREATE TABLE metadata(key TEXT PRIMARY KEY, value TEXT NOT NULL)"
+SQL_CREATE_EVENTS = ("CREATE TABLE events(seq INTEGER PRIMARY KEY, payload TEXT NOT NULL, "
+                     "previous TEXT NOT NULL, hash TEXT NOT NULL)")
+# The append-only triggers of docs/format.md §Tables: no row of either table can
+# be changed or removed through SQLite, and events are only added at the end.
+# A journal without them is accepted, but the product re-creates them (with a
+# WARNING) on its first append, which would change the schema mid-benchmark.
+_APPEND_ONLY = "SELECT RAISE(ABORT, 'crash-recovery: the journal is append-only'); END"
+TRIGGERS = (
+    ("CREATE TRIGGER events_append_only BEFORE INSERT ON events WHEN "
+     "NEW.seq IS NOT (SELECT coalesce(max(seq), 0) + 1 FROM events) BEGIN " + _APPEND_ONLY),
+    "CREATE TRIGGER events_no_update BEFORE UPDATE ON events BEGIN " + _APPEND_ONLY,
+    "CREATE TRIGGER events_no_delete BEFORE DELETE ON events BEGIN " + _APPEND_ONLY,
+    "CREATE TRIGGER metadata_no_insert BEFORE INSERT ON metadata BEGIN " + _APPEND_ONLY,
+    "CREATE TRIGGER metadata_no_update BEFORE UPDATE ON metadata BEGIN " + _APPEND_ONLY,
+    "CREATE TRIGGER metadata_no_delete BEFORE DELETE ON metadata BEGIN " + _APPEND_ONLY,
+)
 
 # How many operations (out of 1000) take each shape.  The rest are
 # started -> returned.
@@ -245,12 +266,13 @@ def write_file_durably(path: str, text: str) -> None:
 
 
 def write_journal(data_dir: str, event_count: int, *, seed: int = 7,
-                  journal_id: str | None = None) -> Dict[str, Any]:
+                  journal_id: str | None = None, triggers: bool = True) -> Dict[str, Any]:
     """Create a valid journal with ``event_count`` events in ``data_dir``.
 
     ``data_dir`` may exist but must not contain a journal, marker or
-    checkpoint.  Returns a summary: journal_id, count, head, seconds,
-    payload_chars, database bytes.
+    checkpoint.  ``triggers``: create the append-only triggers (False writes a
+    journal as older versions did).  Returns a summary: journal_id, count,
+    head, seconds, payload_chars, database bytes.
     """
     began = time.perf_counter()
     os.makedirs(data_dir, exist_ok=True)
@@ -269,15 +291,17 @@ def write_journal(data_dir: str, event_count: int, *, seed: int = 7,
         connection.execute("PRAGMA synchronous=OFF")
         connection.execute("PRAGMA cache_size=-65536")
         connection.execute("BEGIN")
-        connection.execute("CREATE TABLE metadata(key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-        connection.execute("CREATE TABLE events(seq INTEGER PRIMARY KEY, payload TEXT NOT NULL, "
-                           "previous TEXT NOT NULL, hash TEXT NOT NULL)")
+        connection.execute(SQL_CREATE_METADATA)
+        connection.execute(SQL_CREATE_EVENTS)
         connection.executemany("INSERT INTO metadata(key, value) VALUES (?, ?)",
                                [("journal_id", journal_id), ("schema", SCHEMA)])
         payloads = payload_texts(event_count, seed, start_ns=1_700_000_000_000_000_000)
         connection.executemany(
             "INSERT INTO events(seq, payload, previous, hash) VALUES (?, ?, ?, ?)",
             event_rows(journal_id, payloads, summary))
+        if triggers:
+            for sql in TRIGGERS:
+                connection.execute(sql)
         connection.execute("COMMIT")
         summary.setdefault("count", 0)
         summary.setdefault("head", genesis_hash(journal_id))
@@ -305,8 +329,11 @@ def main(argv: List[str] | None = None) -> int:
     parser.add_argument("data_dir", help="directory to create the journal in (must hold none)")
     parser.add_argument("--events", type=int, required=True, help="number of events (0 or >= 2)")
     parser.add_argument("--seed", type=int, default=7, help="random seed (journal id, mix)")
+    parser.add_argument("--no-triggers", action="store_true",
+                        help="omit the append-only triggers (a journal of an older version)")
     options = parser.parse_args(argv)
-    summary = write_journal(options.data_dir, options.events, seed=options.seed)
+    summary = write_journal(options.data_dir, options.events, seed=options.seed,
+                            triggers=not options.no_triggers)
     print(json.dumps(summary, indent=1, sort_keys=True))
     return 0
 

@@ -32,7 +32,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import support  # noqa: E402,F401  (loads this checkout as the package crash_recovery)
 from crash_recovery import durable  # noqa: E402
-from crash_recovery.guard import RecoveryGuard, _ADMISSION  # noqa: E402
+from crash_recovery.binding import ADMISSION  # noqa: E402
+from crash_recovery.guard import RecoveryGuard  # noqa: E402
 
 TOOL = "book_flight"
 # Boundaries the worker itself announces (the journal and guard announce the rest).
@@ -60,7 +61,7 @@ def install_kill(spec: str) -> None:
 
 def book(service: str, request: str) -> int:
     """The side effect: one committed row in the service database."""
-    binding = _ADMISSION.get()
+    binding = ADMISSION.get()
     connection = sqlite3.connect(service, timeout=30, isolation_level=None)
     try:
         connection.execute(SERVICE_SCHEMA)

@@ -144,6 +144,12 @@ def _product():
     return load_module("guard"), load_module("durable")
 
 
+def _binding():
+    """The product's admission binding module (loaded like :func:`_product`)."""
+    from standalone import load_module
+    return load_module("binding")
+
+
 class Progress:
     """Appends facts to ``WITNESS/progress``: one ``os.write`` per line, so each
     fact is one write syscall in the trace, at the instant it became true."""
@@ -192,7 +198,7 @@ def run_call(home: str, witness: str, raises: bool, kill: Optional[str] = None) 
             _write_base_info(witness, {"subject": None, "side_effect": False})
 
     def tool():
-        operation_id = guard_module._ADMISSION.get().operation_id
+        operation_id = _binding().ADMISSION.get().operation_id
         seen["operation_id"] = operation_id
         progress.say("APPENDED", "started", operation_id)
         if kill:

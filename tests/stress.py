@@ -40,7 +40,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import support  # noqa: E402,F401  (loads this checkout as the package crash_recovery)
 from crash_recovery import durable  # noqa: E402
-from crash_recovery.guard import RecoveryGuard, _ADMISSION  # noqa: E402
+from crash_recovery.binding import ADMISSION  # noqa: E402
+from crash_recovery.guard import RecoveryGuard  # noqa: E402
 from crash_recovery.errors import JournalError  # noqa: E402
 from crash_recovery.journal import Journal  # noqa: E402
 
@@ -75,7 +76,7 @@ def process_worker(data_dir: str, timeline: str, calls: int, results: str) -> No
     counts = {"admitted": 0, "refused": {}, "escaped": []}
 
     def downstream():
-        operation = _ADMISSION.get().operation_id
+        operation = ADMISSION.get().operation_id
         timeline_write(timeline, "enter", operation)
         time.sleep(0.0005)
         timeline_write(timeline, "exit", operation)
@@ -203,7 +204,7 @@ def kill_child(data_dir: str, service: str, timeline: str, point: tuple, request
     guard = RecoveryGuard(data_dir)
 
     def downstream():
-        operation = _ADMISSION.get().operation_id
+        operation = ADMISSION.get().operation_id
         timeline_write(timeline, "enter", operation)
         connection = sqlite3.connect(service, isolation_level=None)
         connection.execute(SERVICE_SCHEMA)

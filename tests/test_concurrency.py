@@ -19,7 +19,8 @@ import unittest
 from reliability_support import ReliabilityCase
 
 import stress
-from crash_recovery.guard import _ADMISSION, RecoveryGuard
+from crash_recovery.binding import ADMISSION
+from crash_recovery.guard import RecoveryGuard
 
 THREADS = 8
 
@@ -38,7 +39,7 @@ class Threads(ReliabilityCase):
         statuses = []
 
         def downstream(index):
-            binding = _ADMISSION.get()
+            binding = ADMISSION.get()
             with lock:
                 downstream_calls.append(index)
                 bindings["inside"] = binding
@@ -60,7 +61,7 @@ class Threads(ReliabilityCase):
                         done = sum(1 for value in results.values() if isinstance(value, str))
                         if done == THREADS - 1:
                             refusals_done.set()
-                    bindings[index] = _ADMISSION.get()
+                    bindings[index] = ADMISSION.get()
             except BaseException as exc:  # noqa: BLE001 - must be none
                 escaped.append(exc)
 
@@ -100,7 +101,7 @@ class Threads(ReliabilityCase):
         self.assertTrue(statuses)
         self.assertEqual(set(statuses), {"ok"})
         # a later call in this thread is a normal admission, not a re-entry
-        self.assertIsNone(_ADMISSION.get())
+        self.assertIsNone(ADMISSION.get())
         self.assertEqual(guard.tool_execution("pay", {"i": admitted}, lambda: "again",
                                               session_id="s", tool_call_id=f"c{admitted}"), "again")
         guard.close()

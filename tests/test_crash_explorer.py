@@ -36,11 +36,7 @@ REQUIRE_STRACE = os.environ.get("CRASH_RECOVERY_REQUIRE_STRACE", "") == "1"
 SEED, SAMPLES, BUDGET = 13, 3, 40
 
 # (scenario, invariant) -> diagnosis.  Found in the real, unmutated traces.
-KNOWN_FINDINGS = {
-    ("archive", "bad_outcome"):
-        "archive (work in progress): a crash inside the switch leaves archive_interrupted (the "
-        "next writer finishes or undoes it), a code docs/cli.md §Verdict codes does not list",
-}
+KNOWN_FINDINGS: dict = {}
 
 _scratch = None
 _recordings: dict = {}

@@ -16,7 +16,7 @@ from unittest import mock
 
 from support import REPO, JournalTestCase, run_cli, reference
 
-from crash_recovery import guard as guard_module
+from crash_recovery import binding, guard as guard_module
 from crash_recovery.guard import RecoveryGuard
 from crash_recovery.settings import INSPECTION_TOOLS
 from crash_recovery.errors import JournalUnavailable
@@ -143,7 +143,7 @@ class ExecutionContractTests(GuardTestCase):
             seen["ok"] = report.ok
             seen["events"] = [(event["kind"], event["tool"]) for event in report.events]
             seen["unresolved"] = report.unresolved()
-            seen["binding"] = guard_module._ADMISSION.get()
+            seen["binding"] = binding.ADMISSION.get()
 
         downstream = Downstream(during=inspect)
         self.assertEqual(self.call(downstream=downstream), '{"status": "confirmed"}')
@@ -158,7 +158,7 @@ class ExecutionContractTests(GuardTestCase):
         started = report.events[0]
         self.assertEqual((started["session_id"], started["tool_call_id"], started["args_hash"]),
                          ("s-1", "call-1", value_hash(BOOKING)))
-        self.assertIsNone(guard_module._ADMISSION.get())
+        self.assertIsNone(binding.ADMISSION.get())
 
     def test_normal_response_appends_returned_and_opens_the_gate(self):
         response = {"status": "confirmed", "id": 7}
@@ -197,7 +197,7 @@ class ExecutionContractTests(GuardTestCase):
                 self.assertIs(caught.exception, error)
                 self.assertEqual(self.events(), [("started", None), ("uncertain", "cancelled")])
                 self.assertEqual(self.report().events[1]["result_hash"], value_hash(None))
-                self.assertIsNone(guard_module._ADMISSION.get())
+                self.assertIsNone(binding.ADMISSION.get())
                 self.assertRefusedWithoutChange("unresolved_operations", self.open_operation_ids())
 
     def test_error_response_is_uncertain_and_returned_unchanged(self):
@@ -543,7 +543,7 @@ class BindingTests(GuardTestCase):
                 with self.assertRaises(type(error)) as caught:
                     self.call(downstream=Downstream(error=error))
                 self.assertIs(caught.exception, error)
-                self.assertIsNone(guard_module._ADMISSION.get())
+                self.assertIsNone(binding.ADMISSION.get())
                 self.assertEqual(self.events(), [("started", None), ("uncertain", reason)])
                 [operation_id] = self.open_operation_ids()
                 # Same identity, same context: no binding any more, so the hook refuses.
@@ -553,7 +553,7 @@ class BindingTests(GuardTestCase):
 
     def test_binding_reset_after_normal_return(self):
         self.call()
-        self.assertIsNone(guard_module._ADMISSION.get())
+        self.assertIsNone(binding.ADMISSION.get())
         self.assertIsNone(self.hook())
 
     def test_nested_reentry_with_same_identity_passes_through(self):

@@ -567,3 +567,107 @@ class FormatCompatibilityTests(JournalTestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class FastPathParityTests(JournalTestCase):
+    """Verification checks rows in the plugin's own canonical layouts by pattern
+    (the fast path, docs/format.md §Verification cost) and every other row field
+    by field.  For payloads just off those layouts, the verdict -- ok, or the
+    code and the seq -- must be the same with the fast path disabled, and the
+    reference reading must agree on ok / not ok."""
+
+    OP = "6513270e-269e-4d37-b2a7-0123456789ab"
+
+    def started_text(self, **changes):
+        payload = {"schema": record.SCHEMA, "timestamp_ns": 1700000000000000000,
+                   "kind": "started", "operation_id": self.OP, "tool": "book_trip",
+                   "fingerprint": "a" * 64, "args_hash": "b" * 64, "session_id": "s-1",
+                   "tool_call_id": "call-1"}
+        payload.update(changes)
+        return reference.canonical(payload)
+
+    def outcome_text(self, kind="returned", **changes):
+        payload = {"schema": record.SCHEMA, "timestamp_ns": 1700000000000000001, "kind": kind,
+                   "operation_id": self.OP, "reason": "returned" if kind == "returned"
+                   else "exception", "result_hash": "c" * 64}
+        payload.update(changes)
+        return reference.canonical(payload)
+
+    def cases(self):
+        started, returned = self.started_text(), self.outcome_text()
+        uncertain = self.outcome_text("uncertain")
+        swap = str.replace
+        yield "started as written", started, None
+        yield "args_hash upper case", swap(started, "b" * 64, "B" + "b" * 63), None
+        yield "fingerprint not hex", swap(started, "a" * 64, "g" + "a" * 63), None
+        yield "args_hash 63 digits", swap(started, "b" * 64, "b" * 63), None
+        yield "operation id upper case", swap(started, self.OP, self.OP.upper()), None
+        yield "operation id not a uuid", swap(started, self.OP, "x" * 36), None
+        yield "timestamp leading zero", swap(started, "1700000000000000000", "01700"), None
+        yield "timestamp negative", swap(started, "1700000000000000000", "-1"), None
+        yield "timestamp 20 digits", swap(started, "1700000000000000000", "1" * 20), None
+        yield "timestamp fraction", swap(started, "1700000000000000000", "1.5"), None
+        yield "empty tool", self.started_text(tool=""), None
+        yield "tool with a quote", self.started_text(tool='say "hi"'), None
+        yield "tool with a backslash", self.started_text(tool="a\\b"), None
+        yield "tool not ascii", self.started_text(tool="réserver"), None
+        yield "tool with a control character", self.started_text(tool="a\u0001b"), None
+        yield "session id a number", self.started_text(session_id=5), None
+        yield "call id null", self.started_text(tool_call_id=None), None
+        yield "extra field", self.started_text(note="x"), None
+        yield "session id missing", swap(started, '"session_id":"s-1",', ""), None
+        yield "space after a colon", swap(started, '"tool":"book_trip"', '"tool": "book_trip"'), None
+        yield "duplicate key", swap(started, '"tool":"book_trip"',
+                                    '"tool":"","tool":"book_trip"'), None
+        yield "other schema", swap(started, record.SCHEMA, record.SCHEMA + "x"), None
+        yield "kind with a space", swap(started, '"started"', '"started "'), None
+        for name, outcome in (("returned", returned), ("uncertain", uncertain)):
+            yield f"{name} as written", outcome, started
+            yield f"{name} result upper case", swap(outcome, "c" * 64, "C" + "c" * 63), started
+            yield f"{name} result 65 digits", swap(outcome, "c" * 64, "c" * 65), started
+            yield f"{name} reason unknown", self.outcome_text(name, reason="bored"), started
+            yield f"{name} of an unknown operation", swap(outcome, self.OP, str(uuid.uuid4())), started
+            yield f"{name} trailing space", outcome + " ", started
+            yield f"{name} with an extra field", self.outcome_text(name, note="x"), started
+        yield "returned with reason not_run", self.outcome_text(reason="not_run"), started
+        yield "returned with an uncertain reason", self.outcome_text(reason="exception"), started
+        yield "uncertain with a returned reason", self.outcome_text("uncertain",
+                                                                   reason="returned"), started
+
+    def verdict(self, disable_fast_path):
+        from crash_recovery import chain
+        never = __import__("re").compile(b"(?!)")
+        patches = ({"_STARTED": never, "_RETURNED": never, "_UNCERTAIN": never}
+                   if disable_fast_path else {})
+        saved = {name: getattr(chain, name) for name in patches}
+        try:
+            for name, pattern in patches.items():
+                setattr(chain, name, pattern)
+            with Journal(self.data_dir, readonly=True) as journal:
+                try:
+                    journal.verify()
+                except IntegrityError as exc:
+                    return exc.code, exc.details.get("seq")
+                return "ok", None
+        finally:
+            for name, pattern in saved.items():
+                setattr(chain, name, pattern)
+
+    def test_fast_and_slow_path_agree(self):
+        import shutil
+        for name, text, before in self.cases():
+            with self.subTest(name):
+                shutil.rmtree(self.data_dir, ignore_errors=True)
+                builder = reference.JournalBuilder(self.data_dir)
+                if before is not None:
+                    builder.append_payload_text(before)
+                builder.append_payload_text(text)
+                fast, slow = self.verdict(False), self.verdict(True)
+                self.assertEqual(fast, slow)
+                self.assertEqual(fast[0] == "ok", reference.verify(self.data_dir).ok,
+                                 (fast, reference.verify(self.data_dir).errors))
+        # The layouts are really taken: every "as written" payload matches one.
+        from crash_recovery import chain
+        self.assertIsNotNone(chain._STARTED.fullmatch(self.started_text().encode()))
+        self.assertIsNotNone(chain._RETURNED.fullmatch(self.outcome_text().encode()))
+        self.assertIsNotNone(chain._UNCERTAIN.fullmatch(self.outcome_text("uncertain").encode()))

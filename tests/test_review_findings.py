@@ -381,8 +381,8 @@ class Tidy(ReliabilityCase):
                 guard = RecoveryGuard(self.data_dir)
                 self.addCleanup(guard.close)
                 call(guard, Tool(), "warm")
-                target = (mock.patch.object(guard_module, "_ADMISSION",
-                                            InterruptingBinding(guard_module._ADMISSION))
+                target = (mock.patch.object(guard_module, "ADMISSION",
+                                            InterruptingBinding(guard_module.ADMISSION))
                           if step == "reset"
                           else mock.patch.object(type(guard._owner), "release",
                                                  side_effect=KeyboardInterrupt))
