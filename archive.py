@@ -22,8 +22,9 @@ import urllib.parse
 from typing import Iterator, Optional
 
 from .chain import Chain, PossibleReuse, extend_chain
-from .database import (SQL_INSERT_EVENT, SQL_SELECT_OPERATION_EVENTS, SQL_SELECT_ROWS_AFTER,
-                       schema_problem)
+from .schema import (SQL_COUNT_EVENTS, SQL_INSERT_EVENT, SQL_SELECT_ALL_EVENTS, SQL_SELECT_HASH_AT,
+                     SQL_SELECT_LAST_EVENT, SQL_SELECT_METADATA, SQL_SELECT_OPERATION_EVENTS,
+                     SQL_SELECT_PAYLOAD_AT, SQL_SELECT_ROWS_AFTER, schema_problem)
 from .durable import (fsync_directory, make_durable_directories, read_regular_file, storage_error,
                       write_atomically)
 from .errors import IntegrityError, JournalError
@@ -71,10 +72,9 @@ def _mismatch(anchor: dict, what: str) -> IntegrityError:
 def _summary(connection: sqlite3.Connection, anchor: dict) -> tuple:
     """``(journal_id, count, head, first payload)`` of an archive file."""
     try:
-        metadata = dict(connection.execute("SELECT key, value FROM metadata").fetchall())
-        last = connection.execute("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1"
-                                  ).fetchone()
-        first = connection.execute("SELECT payload FROM events WHERE seq = 1").fetchone()
+        metadata = dict(connection.execute(SQL_SELECT_METADATA).fetchall())
+        last = connection.execute(SQL_SELECT_LAST_EVENT).fetchone()
+        first = connection.execute(SQL_SELECT_PAYLOAD_AT, (1,)).fetchone()
     except sqlite3.Error as exc:
         raise _mismatch(anchor, f"not a journal ({exc})") from None
     if metadata.get("schema") != SCHEMA:
@@ -146,7 +146,7 @@ def verify_archive(data_dir: str, anchor: dict) -> Chain:
 def hash_at(data_dir: str, anchor: dict, seq: int) -> Optional[str]:
     """The stored hash of event ``seq`` of an archive (None if absent)."""
     with contextlib.closing(_open(archive_path(data_dir, anchor))) as connection:
-        row = connection.execute("SELECT hash FROM events WHERE seq = ?", (seq,)).fetchone()
+        row = connection.execute(SQL_SELECT_HASH_AT, (seq,)).fetchone()
     return row[0] if row else None
 
 
@@ -156,7 +156,7 @@ def events(data_dir: str, anchor: dict, operation_id: Optional[str] = None) -> I
     connection = _open(archive_path(data_dir, anchor))
     try:
         if operation_id is None:
-            rows = connection.execute("SELECT seq, payload FROM events ORDER BY seq")
+            rows = connection.execute(SQL_SELECT_ALL_EVENTS)
         else:
             rows = connection.execute(SQL_SELECT_OPERATION_EVENTS,
                                       (0, anchor["count"], f'"operation_id":"{operation_id}"'))
@@ -186,7 +186,7 @@ def copied_count(temp_path: str) -> int:
     """The number of events in a copy made by :func:`start_copy`."""
     copy = sqlite3.connect("file:" + urllib.parse.quote(temp_path) + "?mode=ro", uri=True)
     try:
-        return copy.execute("SELECT count(*) FROM events").fetchone()[0]
+        return copy.execute(SQL_COUNT_EVENTS).fetchone()[0]
     finally:
         copy.close()
 
@@ -205,7 +205,7 @@ def finish_copy(temp_path: str, rows: list, chain: Chain) -> None:
     try:
         copy.execute("BEGIN IMMEDIATE")
         copy.executemany(SQL_INSERT_EVENT, rows)
-        last = copy.execute("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1").fetchone()
+        last = copy.execute(SQL_SELECT_LAST_EVENT).fetchone()
         copy.execute("COMMIT")
     finally:
         copy.close()

@@ -304,7 +304,7 @@ def extend_chain(chain: Chain, rows: Iterable[tuple], *, full: bool = False) -> 
     """Verify rows ``(seq, payload, previous, hash)`` that follow ``chain`` and
     apply them in place (docs/format.md §Verification).  The three text columns
     arrive as their stored UTF-8 bytes, or None when the stored value is not
-    text (:data:`database.SQL_SELECT_ROWS_AFTER`).
+    text (:data:`schema.SQL_SELECT_ROWS_AFTER`).
 
     ``full``: the pass started at genesis; new ids are gathered and checked for
     repeats at the end (exactly instead when ``chain.exact_ids`` is a set).

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import os
 import sqlite3
 import threading
@@ -23,13 +22,15 @@ import urllib.parse
 import uuid
 from typing import Optional
 
-from .durable import (TEMP_SUFFIX, file_size, file_state, fsync_directory,
-                      make_durable_directories, process_alive, read_regular_file, reach_boundary,
-                      storage_error, temp_path_for, BOUNDARY_KIND_GENESIS)
+from .durable import (BOUNDARY_KIND_GENESIS, TEMP_SUFFIX, file_state, fsync_directory,
+                      make_durable_directories, process_alive, reach_boundary, storage_error,
+                      temp_path_for)
 from . import forksafe
+from .opening import refuse_rewritable_database
+from .schema import SQL_SELECT_METADATA, SQL_SELECT_TABLES, create_schema, schema_problem
 from .errors import IntegrityError, JournalError, JournalUnavailable, short
-from .record import (CHECKPOINT_NAME, DATABASE_NAME, KIND_ARCHIVED, MARKER_NAME, SCHEMA,
-                     SHM_SUFFIX, WAL_SUFFIX, genesis_hash, is_uuid)
+from .record import (CHECKPOINT_NAME, DATABASE_NAME, MARKER_NAME, SCHEMA, SHM_SUFFIX, WAL_SUFFIX,
+                     is_uuid)
 
 # Seconds a writer waits for SQLite's writer lock before the call is refused.
 # Admissions hold the lock for milliseconds, so waiting longer only delays a refusal.
@@ -42,86 +43,6 @@ _NO_HARD_LINKS = frozenset(code for code in (getattr(errno, name, None) for name
     "EPERM", "ENOTSUP", "EOPNOTSUPP", "ENOSYS", "EMLINK", "EXDEV")) if code is not None)
 # A database under construction and the side files SQLite may give it.
 _BUILD_SUFFIXES = ("", "-journal", WAL_SUFFIX, SHM_SUFFIX)
-# The first 16 bytes of every SQLite 3 database file.
-SQLITE_FILE_HEADER = b"SQLite format 3\x00"
-
-SQL_CREATE_METADATA = "CREATE TABLE metadata(key TEXT PRIMARY KEY, value TEXT NOT NULL)"
-SQL_CREATE_EVENTS = ("CREATE TABLE events(seq INTEGER PRIMARY KEY, payload TEXT NOT NULL, "
-                     "previous TEXT NOT NULL, hash TEXT NOT NULL)")
-_APPEND_ONLY = "SELECT RAISE(ABORT, 'crash-recovery: the journal is append-only'); END"
-# Append-only enforcement (docs/format.md §Tables): no row of either table can be
-# changed or removed through SQLite, and events can only be added at the end.
-# Removing a trigger changes the schema cookie, which every process notices.
-TRIGGERS = {
-    "events_append_only": ("CREATE TRIGGER events_append_only BEFORE INSERT ON events WHEN "
-                           "NEW.seq IS NOT (SELECT coalesce(max(seq), 0) + 1 FROM events) BEGIN "
-                           + _APPEND_ONLY),
-    "events_no_update": "CREATE TRIGGER events_no_update BEFORE UPDATE ON events BEGIN " + _APPEND_ONLY,
-    "events_no_delete": "CREATE TRIGGER events_no_delete BEFORE DELETE ON events BEGIN " + _APPEND_ONLY,
-    "metadata_no_insert": ("CREATE TRIGGER metadata_no_insert BEFORE INSERT ON metadata BEGIN "
-                           + _APPEND_ONLY),
-    "metadata_no_update": ("CREATE TRIGGER metadata_no_update BEFORE UPDATE ON metadata BEGIN "
-                           + _APPEND_ONLY),
-    "metadata_no_delete": ("CREATE TRIGGER metadata_no_delete BEFORE DELETE ON metadata BEGIN "
-                           + _APPEND_ONLY),
-}
-# The schema objects a journal consists of: (type, name) -> SQL (None: SQLite's own index).
-SCHEMA_OBJECTS = {("table", "metadata"): SQL_CREATE_METADATA,
-                  ("table", "events"): SQL_CREATE_EVENTS,
-                  ("index", "sqlite_autoindex_metadata_1"): None,
-                  **{("trigger", name): sql for name, sql in TRIGGERS.items()}}
-SQL_INSERT_METADATA = "INSERT INTO metadata(key, value) VALUES (?, ?)"
-SQL_SELECT_METADATA = "SELECT key, value FROM metadata"
-SQL_SELECT_TABLES = "SELECT name FROM sqlite_master WHERE type = 'table'"
-SQL_SELECT_SCHEMA = "SELECT type, name, sql FROM sqlite_master"
-# Rows for verification: the stored UTF-8 bytes of each text column, or NULL where
-# the stored value is not text (chain.extend_chain compares bytes: no decoding).
-SQL_SELECT_ROWS_AFTER = (
-    "SELECT seq, CASE WHEN typeof(payload) = 'text' THEN CAST(payload AS BLOB) END, "
-    "CASE WHEN typeof(previous) = 'text' THEN CAST(previous AS BLOB) END, "
-    "CASE WHEN typeof(hash) = 'text' THEN CAST(hash AS BLOB) END "
-    "FROM events WHERE seq > ? ORDER BY seq")
-SQL_SELECT_ROW = "SELECT payload, previous, hash FROM events WHERE seq = ?"
-SQL_SELECT_HASH_AT = "SELECT hash FROM events WHERE seq = ?"
-SQL_SELECT_LAST_EVENT = "SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1"
-SQL_SELECT_PREVIOUS_AT = "SELECT previous FROM events WHERE seq = ?"
-SQL_SELECT_PAYLOAD_AT = "SELECT payload FROM events WHERE seq = ?"
-SQL_SELECT_JOURNAL_ID = "SELECT value FROM metadata WHERE key = 'journal_id'"
-SQL_SELECT_EVENTS_BETWEEN = "SELECT seq, payload FROM events WHERE seq > ? AND seq <= ? ORDER BY seq"
-SQL_SELECT_OPERATION_EVENTS = ("SELECT seq, payload FROM events WHERE seq > ? AND seq <= ? "
-                               "AND instr(payload, ?) > 0 ORDER BY seq")
-SQL_INSERT_EVENT = "INSERT INTO events(seq, payload, previous, hash) VALUES (?, ?, ?, ?)"
-
-
-def _normalized(sql: Optional[str]) -> Optional[str]:
-    return None if sql is None else " ".join(sql.split()).lower()
-
-
-def schema_problem(connection: sqlite3.Connection) -> Optional[tuple]:
-    """Check ``sqlite_master`` against :data:`SCHEMA_OBJECTS`.
-
-    Returns None when every object is ours and every trigger is present, or
-    ``("missing", names)`` when only append-only triggers are missing (a
-    journal from before they existed, or one whose triggers someone dropped).
-    Raises :class:`IntegrityError` ``foreign_schema_object`` for anything
-    else: a table, index, view or trigger the plugin did not create, or one of
-    its own objects altered.  ``sqlite3.Error`` propagates.
-    """
-    expected = {key: _normalized(sql) for key, sql in SCHEMA_OBJECTS.items()}
-    missing = set(expected)
-    for kind, name, sql in connection.execute(SQL_SELECT_SCHEMA):
-        key = (kind, name)
-        if key not in expected or expected[key] != _normalized(sql):
-            what = "altered" if key in expected else "not created by crash-recovery"
-            raise IntegrityError("foreign_schema_object",
-                                 f"{DATABASE_NAME} holds {kind} {short(repr(name))}, {what}; "
-                                 "every append could be silently changed by it",
-                                 object_type=kind, object_name=short(str(name)))
-        missing.discard(key)
-    if {key for key in missing if key[0] != "trigger"}:
-        return None  # a table is missing: read_genesis names it
-    return ("missing", sorted(name for _, name in missing)) if missing else None
-
 
 def translate_sqlite_error(exc: sqlite3.Error, action: str) -> JournalError:
     """The one place a ``sqlite3.Error`` becomes a :class:`JournalError`."""
@@ -227,7 +148,7 @@ class Database:
                                      f"data directory {self.data_dir} is not a directory")
         with _OPEN_DATABASES_LOCK:  # see _OPEN_DATABASES: never drop a sibling's locks
             if not _OPEN_DATABASES.get(self.path):
-                self._refuse_rewritable_database()
+                refuse_rewritable_database(self)
         if (not self.readonly and os.path.isdir(self.data_dir)
                 and not (os.access(self.data_dir, os.W_OK)
                          and (not os.path.exists(self.path) or os.access(self.path, os.W_OK)))):
@@ -331,7 +252,7 @@ class Database:
                     f"'wal' in {self.data_dir}; the journal needs WAL (a local filesystem)")
             build.execute("PRAGMA synchronous=FULL")
             build.execute("BEGIN IMMEDIATE")
-            self.create_schema(build, str(uuid.uuid4()))
+            create_schema(build, str(uuid.uuid4()))
             build.execute("COMMIT")
         finally:
             build.close()
@@ -398,157 +319,6 @@ class Database:
                 if "locked" not in str(exc).lower() or time.monotonic() >= deadline:
                     raise
             time.sleep(WAL_RETRY_PAUSE_SECONDS)
-
-    def _refuse_rewritable_database(self) -> None:
-        """Never hand SQLite a database file it would silently rewrite.
-
-        SQLite deletes a ``-wal`` beside an empty database file (even when
-        opened read-only) -- possibly the only copy of the journal -- and reads
-        a non-SQLite file entirely from the WAL: both are a stray WAL beside a
-        replaced database (``stray_wal``).  An empty file beside the marker or
-        checkpoint would get a fresh header (``missing_database``).  Nothing is
-        opened or changed in either case.
-        """
-        try:
-            header = read_regular_file(self.path, len(SQLITE_FILE_HEADER))
-            header = header[:len(SQLITE_FILE_HEADER)]
-        except FileNotFoundError:
-            return  # removed meanwhile: SQLite and the identity checks decide
-        except OSError as exc:
-            raise storage_error(exc, f"reading {DATABASE_NAME}") from None
-        if header == SQLITE_FILE_HEADER:
-            self._check_wal_owner()
-            return
-        if file_size(self.path + WAL_SUFFIX) > 0:
-            raise IntegrityError(
-                "stray_wal",
-                f"{DATABASE_NAME} is {'empty' if not header else 'not an SQLite database'} but a "
-                f"non-empty {DATABASE_NAME}{WAL_SUFFIX} lies beside it: the database was replaced "
-                "and the WAL belongs to another file; nothing was opened",
-                survivors=self.survivors())
-        if not header and (os.path.lexists(os.path.join(self.data_dir, MARKER_NAME))
-                           or os.path.lexists(os.path.join(self.data_dir, CHECKPOINT_NAME))):
-            raise IntegrityError(
-                "missing_database",
-                f"{DATABASE_NAME} is empty while the marker or checkpoint survives; "
-                "it is never re-created over surviving state", survivors=self.survivors())
-
-    def _check_wal_owner(self) -> None:
-        """A WAL is not bound to its database file: beside a database replaced by
-        another journal's, SQLite shows the WAL's pages -- and the first writer
-        to close would checkpoint them into the replacement, deleting the only
-        copy of the events in the WAL.  So before a writable connection exists,
-        the main file on its own (``immutable=1`` ignores the WAL) is compared
-        with the WAL's view (read-only: never checkpoints) and with head.json.
-
-        Only the main file's *metadata* is trusted: a crash during a checkpoint
-        can leave torn event pages there (the WAL still holds them whole);
-        metadata is rewritten by a checkpoint only after an archive switch,
-        whose successor journal is recognised.  A stray WAL shows as: another
-        journal in the WAL's view (unless its first event links to the main
-        file's genesis: metadata edited through SQLite, which verification
-        names); a first event not linked to the genesis of a main file without
-        events; or the WAL's view holding head.json's head while head.json
-        and the marker name another journal than the main file."""
-        if file_size(self.path + WAL_SUFFIX) <= 0:
-            return
-        quoted = "file:" + urllib.parse.quote(self.path)
-        try:
-            main_only = self._probe(quoted + "?mode=ro&immutable=1", None)
-            if main_only is None:
-                return
-            journal_id, schema, seq, _, _ = main_only
-            checkpoint = self._checkpoint_named()
-            with_wal = self._probe(quoted + "?mode=ro", checkpoint[1] if checkpoint else seq)
-        except sqlite3.Error:
-            # Deliberately not translated: a main file without tables yet (nothing
-            # checkpointed), one being checkpointed right now, or a database the
-            # real open reports on is no evidence here.
-            return
-        if with_wal is None or self._successor_in_wal(quoted, journal_id):
-            return
-        genesis = genesis_hash(journal_id, schema)
-        first_linked = self._first_previous(quoted) in (None, genesis)
-        if with_wal[0] != journal_id:
-            stray = not first_linked
-        elif not seq and not first_linked:
-            stray = True
-        else:
-            stray = (checkpoint is not None and checkpoint[0] != journal_id
-                     and checkpoint[0] == self._marker_names()
-                     and with_wal[3] == checkpoint[2])
-        if stray:
-            raise IntegrityError(
-                "stray_wal",
-                f"{DATABASE_NAME} on its own is journal {short(str(journal_id))} but its "
-                f"{WAL_SUFFIX} file holds another journal's events: the database was replaced "
-                "beside a stray WAL; nothing was written", survivors=self.survivors())
-
-    def _checkpoint_named(self) -> Optional[tuple]:
-        """``(journal_id, count, head)`` of head.json, None when unreadable
-        (verification reports that)."""
-        try:
-            checkpoint = json.loads(read_regular_file(os.path.join(self.data_dir,
-                                                                   CHECKPOINT_NAME)))
-            return checkpoint["journal_id"], int(checkpoint["count"]), checkpoint["head"]
-        except (OSError, ValueError, TypeError, KeyError):
-            return None
-
-    def _marker_names(self) -> Optional[str]:
-        """The journal id the marker names (None when unreadable)."""
-        try:
-            return json.loads(read_regular_file(os.path.join(self.data_dir,
-                                                             MARKER_NAME)))["journal_id"]
-        except (OSError, ValueError, TypeError, KeyError):
-            return None
-
-    def _first_previous(self, quoted: str) -> Optional[str]:
-        """``previous`` of the first event in the WAL's view (None: no event)."""
-        probe = sqlite3.connect(quoted + "?mode=ro", uri=True, isolation_level=None,
-                                timeout=self.busy_timeout)
-        try:
-            row = probe.execute(SQL_SELECT_PREVIOUS_AT, (1,)).fetchone()
-            return row[0] if row else None
-        finally:
-            probe.close()
-
-    def _probe(self, uri: str, seq: Optional[int]) -> Optional[tuple]:
-        """``(journal_id, schema, seq, hash at seq, None)`` as one read-only view
-        shows them (``seq`` None: the last event's, 0 without events; the hash
-        None where there is no such event); None without a journal id.
-        ``sqlite3.Error`` propagates."""
-        probe = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=self.busy_timeout)
-        try:
-            probe.execute("BEGIN")  # every read from one snapshot
-            metadata = dict(probe.execute(SQL_SELECT_METADATA).fetchall())
-            if "journal_id" not in metadata:
-                return None
-            if seq is None:
-                seq, head = probe.execute(SQL_SELECT_LAST_EVENT).fetchone() or (0, None)
-            else:
-                row = probe.execute(SQL_SELECT_HASH_AT, (seq,)).fetchone()
-                head = row[0] if row else None
-            return metadata["journal_id"], metadata.get("schema"), seq, head, None
-        finally:
-            probe.close()
-
-    def _successor_in_wal(self, quoted: str, sealed_journal_id: str) -> bool:
-        """After an archive switch the new journal may live only in the WAL until
-        the next checkpoint: its first event then anchors the journal the main
-        file still names (docs/format.md §Archives).  Not a stray WAL."""
-        try:
-            probe = sqlite3.connect(quoted + "?mode=ro", uri=True, isolation_level=None,
-                                    timeout=self.busy_timeout)
-            try:
-                row = probe.execute("SELECT payload FROM events WHERE seq = 1").fetchone()
-            finally:
-                probe.close()
-            first = json.loads(row[0]) if row else None
-        except (sqlite3.Error, ValueError):
-            return False
-        return (isinstance(first, dict) and first.get("kind") == KIND_ARCHIVED
-                and isinstance(first.get("archive"), dict)
-                and first["archive"].get("journal_id") == sealed_journal_id)
 
     # ---------------------------------------------------- file identity --
 
@@ -650,36 +420,12 @@ class Database:
                                  f"metadata journal_id {short(repr(journal_id))} is not a UUID")
         return journal_id, schema, (problem[1] if problem else [])
 
-    @classmethod
-    def create_schema(cls, connection: sqlite3.Connection, journal_id: str) -> None:
-        """Tables, metadata and triggers of a new journal, inside the caller's
-        write transaction (docs/format.md §Tables, §Creation)."""
-        connection.execute(SQL_CREATE_METADATA)
-        connection.execute(SQL_CREATE_EVENTS)
-        cls.create_schema_rows(connection, journal_id)
-
-    @staticmethod
-    def create_schema_rows(connection: sqlite3.Connection, journal_id: str) -> None:
-        """The metadata rows and the triggers, into existing (empty, trigger-less)
-        tables, inside the caller's write transaction."""
-        connection.execute(SQL_INSERT_METADATA, ("journal_id", journal_id))
-        connection.execute(SQL_INSERT_METADATA, ("schema", SCHEMA))
-        for sql in TRIGGERS.values():
-            connection.execute(sql)
-
-    @staticmethod
-    def create_triggers(connection: sqlite3.Connection, names: list) -> None:
-        """(Re-)create the named append-only triggers inside the caller's write
-        transaction."""
-        for name in names:
-            connection.execute(TRIGGERS[name])
-
     def initialize(self, connection: sqlite3.Connection) -> str:
         """Create a fresh journal inside the held writer lock, commit, and take
         the lock again; returns the new journal id.  head.json and the marker
         are written after it."""
         journal_id = str(uuid.uuid4())
-        self.create_schema(connection, journal_id)
+        create_schema(connection, journal_id)
         connection.execute("COMMIT")
         reach_boundary("tables_committed", BOUNDARY_KIND_GENESIS)
         connection.execute("BEGIN IMMEDIATE")

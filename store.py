@@ -29,9 +29,13 @@ from typing import Iterator, Optional
 from . import forksafe
 from . import archive
 from .chain import Chain, PossibleReuse, apply_event, extend_chain
-from .database import (SQL_INSERT_EVENT, SQL_SELECT_EVENTS_BETWEEN, SQL_SELECT_HASH_AT,
-                       SQL_SELECT_OPERATION_EVENTS, SQL_SELECT_PAYLOAD_AT, SQL_SELECT_ROW,
-                       SQL_SELECT_ROWS_AFTER, TRIGGERS, Database, translate_sqlite_error)
+from .database import Database, translate_sqlite_error
+from .schema import (SQL_COUNT_EVENTS, SQL_DROP_TRIGGER, SQL_EMPTY_EVENTS, SQL_EMPTY_METADATA,
+                     SQL_INSERT_EVENT, SQL_SELECT_EVENTS_BETWEEN,
+                     SQL_SELECT_HASH_AT, SQL_SELECT_JOURNAL_ID, SQL_SELECT_OPERATION_EVENTS,
+                     SQL_SELECT_PAYLOAD_AT, SQL_SELECT_RAW_ROWS_BETWEEN, SQL_SELECT_ROW,
+                     SQL_SELECT_ROWS_AFTER, TRIGGERS,
+                     create_schema_rows, create_triggers)
 from .durable import BOUNDARY_KIND_GENESIS, BOUNDARY_KIND_MARKER, DurableFiles, reach_boundary
 from .errors import AdmissionRefused, IntegrityError, JournalError, JournalUnavailable
 from .record import (KIND_ARCHIVED, SCHEMA, canonical_text, decode_payload, event_hash, genesis_hash,
@@ -122,9 +126,8 @@ class JournalStore:
         """Stored rows ``(seq, payload, previous, hash)`` for ``since`` < seq <=
         ``until`` (a few: the rows an archive copy lacks)."""
         try:
-            return self.database.connection.execute(
-                "SELECT seq, payload, previous, hash FROM events WHERE seq > ? AND seq <= ? "
-                "ORDER BY seq", (since, until)).fetchall()
+            return self.database.connection.execute(SQL_SELECT_RAW_ROWS_BETWEEN,
+                                                    (since, until)).fetchall()
         except sqlite3.Error as exc:
             raise translate_sqlite_error(exc, "reading events") from None
 
@@ -165,7 +168,7 @@ class JournalStore:
         connection = self.database.connection
         try:
             if self._missing_triggers:
-                self.database.create_triggers(connection, self._missing_triggers)
+                create_triggers(connection, self._missing_triggers)
                 logger.warning("crash-recovery: re-created the journal's append-only triggers "
                                "%s after a full verification (a journal from an older version, "
                                "or someone dropped them)", ", ".join(self._missing_triggers))
@@ -499,10 +502,10 @@ class JournalStore:
         connection = self.database.connection
         try:
             for name in TRIGGERS:
-                connection.execute(f'DROP TRIGGER IF EXISTS "{name}"')
-            connection.execute("DELETE FROM events")
-            connection.execute("DELETE FROM metadata")
-            self.database.create_schema_rows(connection, journal_id)
+                connection.execute(SQL_DROP_TRIGGER.format(name=name))
+            connection.execute(SQL_EMPTY_EVENTS)
+            connection.execute(SQL_EMPTY_METADATA)
+            create_schema_rows(connection, journal_id)
         except sqlite3.Error as exc:
             raise translate_sqlite_error(exc, "starting a new segment") from None
         self._schema_changed = True
@@ -536,9 +539,8 @@ class JournalStore:
         """Writer lock held: finish (the database already names the new journal)
         or undo (it still names the sealed one) an interrupted archive switch."""
         try:
-            found = connection.execute("SELECT value FROM metadata WHERE key = 'journal_id'"
-                                       ).fetchone()
-            count = connection.execute("SELECT count(*) FROM events").fetchone()[0]
+            found = connection.execute(SQL_SELECT_JOURNAL_ID).fetchone()
+            count = connection.execute(SQL_COUNT_EVENTS).fetchone()[0]
         except sqlite3.Error as exc:
             raise translate_sqlite_error(exc, "reading an interrupted archive") from None
         sealed = intent.get("from") or {}

@@ -460,6 +460,19 @@ def load_product(name: str) -> Any:
     return load_module(name)
 
 
+def product_attribute(name: str, modules: Tuple[str, ...] = ("schema", "database")) -> Any:
+    """``name`` from the first product module (in ``modules``) that defines it
+    (the schema constants moved from database.py to schema.py)."""
+    for module in modules:
+        try:
+            found = load_product(module)
+        except ImportError:
+            continue
+        if hasattr(found, name):
+            return getattr(found, name)
+    raise AttributeError(f"no product module of {modules} defines {name}")
+
+
 class ProductCaller:
     """Protected no-op calls through ``guard.RecoveryGuard.tool_execution``
     (the middleware Hermes calls); ``protected_call(with_hook=True)`` first
@@ -661,8 +674,8 @@ def reference_bytes_hash(data_dir: str) -> float:
 
 def product_query_fetch(data_dir: str) -> float:
     """Diagnostic: only fetch every row with the product's own verification
-    query (``database.SQL_SELECT_ROWS_AFTER``: stored bytes, type checks)."""
-    query = load_product("database").SQL_SELECT_ROWS_AFTER
+    query (``SQL_SELECT_ROWS_AFTER``: stored bytes, type checks)."""
+    query = product_attribute("SQL_SELECT_ROWS_AFTER")
     with contextlib.closing(read_only_connection(data_dir)) as connection:
         began = time.perf_counter()
         for _row in connection.execute(query, (0,)):

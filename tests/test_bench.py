@@ -21,7 +21,7 @@ import unittest
 
 from support import reference, workspace_verifier
 
-from crash_recovery.database import TRIGGERS, schema_problem
+from crash_recovery.schema import TRIGGERS, schema_problem
 from crash_recovery.journal import Journal
 
 REPOSITORY_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
