@@ -25,8 +25,8 @@ from .chain import Chain, PossibleReuse, extend_chain
 from .schema import (SQL_COUNT_EVENTS, SQL_INSERT_EVENT, SQL_SELECT_ALL_EVENTS, SQL_SELECT_HASH_AT,
                      SQL_SELECT_LAST_EVENT, SQL_SELECT_METADATA, SQL_SELECT_OPERATION_EVENTS,
                      SQL_SELECT_PAYLOAD_AT, SQL_SELECT_ROWS_AFTER, schema_problem)
-from .durable import (fsync_directory, make_durable_directories, read_regular_file, storage_error,
-                      write_atomically)
+from .durable import (fsync_directory, fsync_file, make_durable_directories, read_regular_file,
+                      storage_error, write_atomically)
 from .errors import IntegrityError, JournalError
 from .record import SCHEMA, canonical_text, decode_payload, genesis_hash
 
@@ -212,11 +212,7 @@ def finish_copy(temp_path: str, rows: list, chain: Chain) -> None:
     if tuple(last or (0, None)) != (chain.count, chain.head):
         raise IntegrityError("archive_mismatch", "the archive copy does not end at the live "
                              "head; nothing was switched")
-    descriptor = os.open(temp_path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
+    fsync_file(temp_path)
 
 
 def seal(temp_path: str, final_path: str) -> None:

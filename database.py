@@ -22,7 +22,7 @@ import urllib.parse
 import uuid
 from typing import Optional
 
-from .durable import (BOUNDARY_KIND_GENESIS, TEMP_SUFFIX, file_state, fsync_directory,
+from .durable import (BOUNDARY_KIND_GENESIS, TEMP_SUFFIX, file_state, fsync_directory, fsync_file,
                       make_durable_directories, process_alive, reach_boundary, storage_error,
                       temp_path_for)
 from . import forksafe
@@ -218,11 +218,7 @@ class Database:
         try:
             make_durable_directories(self.data_dir)
             self._build_database(temp_path)
-            descriptor = os.open(temp_path, os.O_RDONLY)
-            try:
-                os.fsync(descriptor)
-            finally:
-                os.close(descriptor)
+            fsync_file(temp_path)
             try:
                 os.link(temp_path, self.path)
             except FileExistsError:

@@ -123,6 +123,18 @@ def fsync_directory(path: str) -> None:
         os.close(descriptor)
 
 
+def fsync_file(path: str) -> None:
+    """``fsync`` a regular file by name (a database SQLite has closed, an
+    archive copy) so its content is durable before it is renamed or linked.
+    Only for files no open SQLite connection of this process uses: closing a
+    descriptor drops the process's POSIX locks on that file.  Raises ``OSError``."""
+    descriptor = os.open(path, os.O_RDONLY | _SAFE_OPEN_FLAGS)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
 def make_durable_directories(path: str) -> None:
     """Create ``path`` and its missing parents, then fsync every ancestor so
     each entry on the way to ``path`` survives power loss -- also those a host

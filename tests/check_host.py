@@ -27,7 +27,7 @@ import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 HOST_DIR = Path(__file__).resolve().parent / "host"
 sys.path.insert(0, str(HOST_DIR))
@@ -428,11 +428,13 @@ SCENARIOS: Dict[str, Callable[[Path, CheckList], None]] = {
 }
 
 
-def run_child(scenario: str, home: Path, result_file: Path) -> int:
-    """Child process entry: run one scenario, write its checks as JSON."""
+def run_child(scenario: str, home: Path, result_file: Path,
+              scenarios: Optional[Dict[str, Any]] = None) -> int:
+    """Child process entry: run one scenario (of ``scenarios``, default this
+    file's), write its checks as JSON."""
     checks = CheckList(os.environ.get("CHECK_LABEL", scenario))
     try:
-        SCENARIOS[scenario](home, checks)
+        (scenarios or SCENARIOS)[scenario](home, checks)
     except Exception as exc:
         checks.fail("crashed", error=f"{type(exc).__name__}: {exc}",
                     traceback=traceback.format_exc()[-3000:])
@@ -444,8 +446,10 @@ def run_child(scenario: str, home: Path, result_file: Path) -> int:
 # Parent: prepare profiles, run children, install paths, verify journals
 # --------------------------------------------------------------------------
 
-class HostRun:
-    """Prepares isolated profiles and runs scenario children."""
+class CheckerRun:
+    """What every host checker's parent shares: the results, the network
+    isolation prefix, the ``hermes`` executable, and running one scenario in a
+    child process of ``script`` (``--child``)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -461,6 +465,29 @@ class HostRun:
             entry["detail"] = detail
         self.results.append(entry)
 
+    def launch_child(self, script: str, label: str, scenario: str, home: Path, result_file: Path,
+                     environment: Dict[str, str], cwd: Path) -> None:
+        """Run ``script --child scenario`` and collect the checks it wrote."""
+        command = self.isolation_prefix + [sys.executable, script, "--child", scenario,
+                                           "--home", str(home), "--result", str(result_file)]
+        started = time.monotonic()
+        try:
+            completed = subprocess.run(command, env=environment, capture_output=True, text=True,
+                                       timeout=SCENARIO_TIMEOUT_SECONDS, cwd=str(cwd),
+                                       stdin=subprocess.DEVNULL)
+            output = (completed.stdout + completed.stderr)[-3000:]
+        except subprocess.TimeoutExpired as exc:
+            output = f"timed out after {exc.timeout} s"
+        self.child_seconds[label] = round(time.monotonic() - started, 2)
+        if result_file.exists():
+            self.results.extend(json.loads(result_file.read_text(encoding="utf-8")))
+        else:
+            self.add(label, "child_ran", False, output=output)
+
+
+class HostRun(CheckerRun):
+    """Prepares isolated profiles and runs scenario children."""
+
     def new_home(self, label: str) -> Path:
         home = self.root / label / "home"
         home.mkdir(parents=True)
@@ -474,23 +501,9 @@ class HostRun:
         return environment
 
     def run_scenario(self, label: str, scenario: str, home: Path, **extra: str) -> None:
-        result_file = home.parent / "checks.json"
-        command = self.isolation_prefix + [sys.executable, str(Path(__file__).resolve()),
-                                           "--child", scenario, "--home", str(home),
-                                           "--result", str(result_file)]
-        started = time.monotonic()
-        try:
-            completed = subprocess.run(command, env=self.child_environment(
-                home, CHECK_LABEL=label, **extra), capture_output=True, text=True,
-                timeout=SCENARIO_TIMEOUT_SECONDS, cwd=str(home.parent))
-            output = (completed.stdout + completed.stderr)[-3000:]
-        except subprocess.TimeoutExpired as exc:
-            output = f"timed out after {exc.timeout} s"
-        self.child_seconds[label] = round(time.monotonic() - started, 2)
-        if result_file.exists():
-            self.results.extend(json.loads(result_file.read_text(encoding="utf-8")))
-        else:
-            self.add(label, "child_ran", False, output=output)
+        self.launch_child(str(Path(__file__).resolve()), label, scenario, home,
+                          home.parent / "checks.json",
+                          self.child_environment(home, CHECK_LABEL=label, **extra), home.parent)
 
     def verify_journal(self, label: str, home: Path, expect_valid: bool = True) -> None:
         valid, report = evidence.run_verifier(data_dir_of(home))
@@ -636,17 +649,22 @@ PARENT_STEPS = ("install_pip", "concurrent", "dispatch", "install_git", "journal
                 "tampered", "cancelled", "install_copy")
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description="crash-recovery checks inside real Hermes")
+def checker_main(argv: Optional[List[str]], *, description: str, steps: Sequence[str],
+                 make_run: Any, scenarios: Dict[str, Any], temp_prefix: str) -> int:
+    """The command line of a host checker: run ``steps`` (methods of the object
+    ``make_run(root)``, which has ``results``, ``step_seconds``, ``isolation``
+    and ``add``) two at a time, print a JSON summary, exit 0 only if every
+    check passed.  ``--child`` runs one of ``scenarios`` in this process."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--keep", help="keep all profiles under this new directory")
-    parser.add_argument("--only", nargs="*", choices=PARENT_STEPS, help="run only these steps")
+    parser.add_argument("--only", nargs="*", choices=steps, help="run only these steps")
     parser.add_argument("--jobs", type=int, default=2, help="steps run at once (default 2)")
-    parser.add_argument("--child", choices=sorted(SCENARIOS), help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=sorted(scenarios), help=argparse.SUPPRESS)
     parser.add_argument("--home", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
     if options.child:
-        return run_child(options.child, Path(options.home), Path(options.result))
+        return run_child(options.child, Path(options.home), Path(options.result), scenarios)
 
     version = evidence.hermes_version()
     if not version:
@@ -657,9 +675,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         root = Path(options.keep).resolve()
         root.mkdir(parents=True, exist_ok=False)
     else:
-        root = Path(tempfile.mkdtemp(prefix="crash-recovery-host-"))
+        root = Path(tempfile.mkdtemp(prefix=temp_prefix))
     started = time.monotonic()
-    run = HostRun(root)
+    run = make_run(root)
+
     def run_step(step: str) -> None:
         step_started = time.monotonic()
         try:
@@ -671,7 +690,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     try:
         with ThreadPoolExecutor(max_workers=max(1, options.jobs)) as pool:
-            list(pool.map(run_step, options.only or PARENT_STEPS))
+            list(pool.map(run_step, options.only or steps))
     finally:
         if not options.keep:
             shutil.rmtree(root, ignore_errors=True)
@@ -683,6 +702,12 @@ def main(argv: Optional[List[str]] = None) -> int:
                "profiles": str(root) if options.keep else None}
     print(json.dumps(summary, indent=2))
     return 0 if summary["ok"] else 1
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    return checker_main(argv, description="crash-recovery checks inside real Hermes",
+                        steps=PARENT_STEPS, make_run=HostRun, scenarios=SCENARIOS,
+                        temp_prefix="crash-recovery-host-")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -40,6 +41,11 @@ for _path in (REPO, TESTS):
 from standalone import load_package  # noqa: E402
 
 load_package()
+
+# The plugin's WARNINGs (an operation became uncertain, a call was refused) are the
+# point of many tests, which check them with assertLogs; without a handler Python
+# would print every one of them to stderr and bury the test report.
+logging.getLogger("crash_recovery").addHandler(logging.NullHandler())
 
 import journal_reference as reference  # noqa: E402
 

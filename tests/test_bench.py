@@ -198,6 +198,10 @@ class BenchmarkQuickRunTest(unittest.TestCase):
         self.assertAlmostEqual(phases["committed"], archived["archive_writer_lock_hold_ms"], delta=0.01)
         fresh = archived["fresh_process"]
         self.assert_numbers(fresh, FRESH_KEYS, "archive.fresh_process", positive=True)
+        baseline = archived["empty_journal_fresh_process"]
+        self.assert_numbers(baseline, FRESH_KEYS, "archive.empty_journal_fresh_process", positive=True)
+        self.assertEqual(baseline["events_before"], 0)
+        self.assertEqual(baseline["repeats"], fresh["repeats"])
         self.assertEqual(fresh["events_before"], 1)  # the first fresh process found only the anchor
 
     def test_overhead_and_counts(self):

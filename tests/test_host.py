@@ -60,16 +60,19 @@ def run_json(command: List[str], timeout: float) -> Dict[str, Any]:
     return document
 
 
-class HostChecks(unittest.TestCase):
-    """The plugin inside Hermes' own plugin manager and tool dispatch."""
+class CheckerReport(unittest.TestCase):
+    """Runs one host checker (``checker``, a script under tests/) once for the
+    class; each test asserts that named checks ran and passed."""
 
+    checker: Path
+    timeout: float = CHECK_HOST_TIMEOUT_SECONDS
     report: Dict[str, Any] = {}
     outcomes: Dict[str, Dict[str, Any]] = {}
 
     @classmethod
     def setUpClass(cls) -> None:
         skip_or_fail_without_host()
-        cls.report = run_json([sys.executable, str(CHECK_HOST)], CHECK_HOST_TIMEOUT_SECONDS)
+        cls.report = run_json([sys.executable, str(cls.checker)], cls.timeout)
         results = cls.report.get("failed", []) + [{"name": name, "ok": True}
                                                   for name in cls.report.get("passed", [])]
         cls.outcomes = {result["name"]: result for result in results}
@@ -84,12 +87,22 @@ class HostChecks(unittest.TestCase):
                 self.assertTrue(self.outcomes[name]["ok"],
                                 f"{name} failed: {json.dumps(self.outcomes[name])[:3000]}")
 
-    def test_report_is_clean(self) -> None:
+    def assert_report_clean(self) -> None:
+        """The checker ran on the installed Hermes and every check passed."""
         self.assertEqual(self.report.get("hermes_version"), evidence.hermes_version(),
                          json.dumps(self.report)[:3000])
         self.assertEqual(self.report.get("failed"), [], json.dumps(self.report)[:6000])
         self.assertTrue(self.report.get("ok"))
         self.assertEqual(self.report["_exit_code"], 0, self.report["_stderr"])
+
+
+class HostChecks(CheckerReport):
+    """The plugin inside Hermes' own plugin manager and tool dispatch."""
+
+    checker = CHECK_HOST
+
+    def test_report_is_clean(self) -> None:
+        self.assert_report_clean()
 
     def test_registrations_through_plugin_manager(self) -> None:
         for scenario in ("dispatch", "journal_failure", "tampered", "cancelled", "concurrent"):

@@ -13,18 +13,15 @@ skip into a failure.
 """
 from __future__ import annotations
 
-import json
 import sys
 import unittest
 from pathlib import Path
-from typing import Any, Dict
 
 TESTS_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS_DIR))
 sys.path.insert(0, str(TESTS_DIR / "host"))
 
-import evidence  # noqa: E402  (tests/host, standard library only)
-from test_host import run_json, skip_or_fail_without_host  # noqa: E402
+from test_host import CheckerReport  # noqa: E402
 
 CHECK_DEPLOYMENT = TESTS_DIR / "host" / "check_deployment.py"
 CHECK_DEPLOYMENT_TIMEOUT_SECONDS = 420
@@ -32,37 +29,18 @@ REGISTRATION_CHECKS = ("plugin_loaded", "plugin_source", "tools_registered", "ho
                        "middleware_registered", "tools_in_registry")
 
 
-class DeploymentChecks(unittest.TestCase):
+class DeploymentChecks(CheckerReport):
     """crash-recovery as an operator deploys and runs it inside Hermes 0.19.0."""
 
-    report: Dict[str, Any] = {}
-    outcomes: Dict[str, Dict[str, Any]] = {}
+    checker = CHECK_DEPLOYMENT
+    timeout = CHECK_DEPLOYMENT_TIMEOUT_SECONDS
 
-    @classmethod
-    def setUpClass(cls) -> None:
-        skip_or_fail_without_host()
-        cls.report = run_json([sys.executable, str(CHECK_DEPLOYMENT)],
-                              CHECK_DEPLOYMENT_TIMEOUT_SECONDS)
-        results = cls.report.get("failed", []) + [{"name": name, "ok": True}
-                                                  for name in cls.report.get("passed", [])]
-        cls.outcomes = {result["name"]: result for result in results}
-
-    def assert_checks(self, prefix: str, *names: str) -> None:
+    def assert_checks(self, prefix: str, *names: str) -> None:  # type: ignore[override]
         """Each ``prefix.name`` check ran and passed (a missing check fails too)."""
-        for name in names:
-            full = f"{prefix}.{name}"
-            with self.subTest(check=full):
-                self.assertIn(full, self.outcomes, f"check {full} did not run; report: "
-                                                   f"{json.dumps(self.report)[:3000]}")
-                self.assertTrue(self.outcomes[full]["ok"],
-                                f"{full} failed: {json.dumps(self.outcomes[full])[:3000]}")
+        super().assert_checks(*(f"{prefix}.{name}" for name in names))
 
     def test_report_is_clean(self) -> None:
-        self.assertEqual(self.report.get("hermes_version"), evidence.hermes_version(),
-                         json.dumps(self.report)[:3000])
-        self.assertEqual(self.report.get("failed"), [], json.dumps(self.report)[:6000])
-        self.assertTrue(self.report.get("ok"))
-        self.assertEqual(self.report["_exit_code"], 0, self.report["_stderr"])
+        self.assert_report_clean()
 
     def test_registrations_through_plugin_manager(self) -> None:
         for label in ("mode_default", "mode_protected", "mode_config_set", "mode_unknown_key",

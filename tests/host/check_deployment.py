@@ -28,7 +28,6 @@ failed check, 2 when hermes-agent is not installed.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -36,10 +35,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tempfile
-import time
-import traceback
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -49,7 +44,8 @@ sys.path.insert(0, str(HOST_DIR))
 sys.path.insert(0, str(TESTS_DIR))
 
 import evidence  # noqa: E402  (tests/host, standard library only)
-from check_host import (BOOKING, PROBE, CheckList, booked, check_registrations,  # noqa: E402
+from check_host import (BOOKING, PROBE, CheckerRun, CheckList, booked, check_registrations,
+                        checker_main,  # noqa: E402
                         events_of, hermes_call)
 from evidence import (BOOKING_PLUGIN_DIR, OPERATOR_CLI, PLUGIN_NAME, PROBE_PLUGIN_DIR,  # noqa: E402
                       blocked_document, data_dir_of, kinds, service_counts)
@@ -544,17 +540,6 @@ SCENARIOS = {
 }
 
 
-def run_child(scenario: str, home: Path, result_file: Path) -> int:
-    checks = CheckList(os.environ.get("CHECK_LABEL", scenario))
-    try:
-        SCENARIOS[scenario](home, checks)
-    except Exception as exc:
-        checks.fail("crashed", error=f"{type(exc).__name__}: {exc}",
-                    traceback=traceback.format_exc()[-3000:])
-    result_file.write_text(json.dumps(checks.results), encoding="utf-8")
-    return 0
-
-
 # --------------------------------------------------------------------------
 # Parent
 # --------------------------------------------------------------------------
@@ -591,21 +576,8 @@ class Ran:
         return {"code": self.code, "stdout": self.stdout[-2500:], "stderr": self.stderr[-1500:]}
 
 
-class DeploymentRun:
+class DeploymentRun(CheckerRun):
     """Isolated profiles, child scenarios, real ``hermes`` subprocesses."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.results: List[Dict[str, Any]] = []
-        self.isolation_prefix, self.isolation = evidence.network_isolation()
-        self.hermes = str(Path(sys.executable).parent / "hermes")
-        self.step_seconds: Dict[str, float] = {}
-
-    def add(self, label: str, name: str, ok: Any, **detail: Any) -> None:
-        entry: Dict[str, Any] = {"name": f"{label}.{name}", "ok": bool(ok)}
-        if detail and not ok:
-            entry["detail"] = detail
-        self.results.append(entry)
 
     # -- environments and processes ----------------------------------------
 
@@ -626,23 +598,10 @@ class DeploymentRun:
     def run_scenario(self, label: str, scenario: str, home: Path,
                      work: Optional[Path] = None, **extra: str) -> None:
         work = work or home.parent
-        result_file = work / f"checks-{scenario}.json"
-        command = self.isolation_prefix + [sys.executable, str(Path(__file__).resolve()),
-                                           "--child", scenario, "--home", str(home),
-                                           "--result", str(result_file)]
-        try:
-            completed = subprocess.run(
-                command, env=self.service_environment(work, HERMES_HOME=str(home),
-                                                      CHECK_LABEL=label, **extra),
-                capture_output=True, text=True, timeout=SCENARIO_TIMEOUT_SECONDS,
-                cwd=str(work), stdin=subprocess.DEVNULL)
-            output = (completed.stdout + completed.stderr)[-3000:]
-        except subprocess.TimeoutExpired as exc:
-            output = f"timed out after {exc.timeout} s"
-        if result_file.exists():
-            self.results.extend(json.loads(result_file.read_text(encoding="utf-8")))
-        else:
-            self.add(label, "child_ran", False, output=output)
+        self.launch_child(str(Path(__file__).resolve()), label, scenario, home,
+                          work / f"checks-{scenario}.json",
+                          self.service_environment(work, HERMES_HOME=str(home),
+                                                   CHECK_LABEL=label, **extra), work)
 
     def run(self, argv: Sequence[str], environment: Dict[str, str], cwd: Path,
             stdin_text: Optional[str] = None) -> Ran:
@@ -939,54 +898,9 @@ STEPS = ("profiles", "reentry", "mode_config_set", "mode_protected", "mode_defau
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description="crash-recovery deployment checks inside "
-                                                 "real Hermes")
-    parser.add_argument("--keep", help="keep all profiles under this new directory")
-    parser.add_argument("--only", nargs="*", choices=STEPS, help="run only these steps")
-    parser.add_argument("--jobs", type=int, default=2, help="steps run at once (default 2)")
-    parser.add_argument("--child", choices=sorted(SCENARIOS), help=argparse.SUPPRESS)
-    parser.add_argument("--home", help=argparse.SUPPRESS)
-    parser.add_argument("--result", help=argparse.SUPPRESS)
-    options = parser.parse_args(argv)
-    if options.child:
-        return run_child(options.child, Path(options.home), Path(options.result))
-
-    version = evidence.hermes_version()
-    if not version:
-        print(json.dumps({"ok": False, "error": "hermes-agent is not installed in "
-                          f"{sys.executable}"}))
-        return 2
-    if options.keep:
-        root = Path(options.keep).resolve()
-        root.mkdir(parents=True, exist_ok=False)
-    else:
-        root = Path(tempfile.mkdtemp(prefix="crash-recovery-deploy-"))
-    started = time.monotonic()
-    run = DeploymentRun(root)
-
-    def run_step(step: str) -> None:
-        step_started = time.monotonic()
-        try:
-            getattr(run, step)()
-        except Exception as exc:
-            run.add(step, "step_crashed", False, error=f"{type(exc).__name__}: {exc}",
-                    traceback=traceback.format_exc()[-3000:])
-        run.step_seconds[step] = round(time.monotonic() - step_started, 2)
-
-    try:
-        with ThreadPoolExecutor(max_workers=max(1, options.jobs)) as pool:
-            list(pool.map(run_step, options.only or STEPS))
-    finally:
-        if not options.keep:
-            shutil.rmtree(root, ignore_errors=True)
-    failed = [r for r in run.results if not r["ok"]]
-    summary = {"ok": not failed and bool(run.results), "hermes_version": version,
-               "network": run.isolation, "checks": len(run.results), "failed": failed,
-               "passed": [r["name"] for r in run.results if r["ok"]],
-               "seconds": round(time.monotonic() - started, 1), "step_seconds": run.step_seconds,
-               "profiles": str(root) if options.keep else None}
-    print(json.dumps(summary, indent=2))
-    return 0 if summary["ok"] else 1
+    return checker_main(argv, description="crash-recovery deployment checks inside real Hermes",
+                        steps=STEPS, make_run=DeploymentRun, scenarios=SCENARIOS,
+                        temp_prefix="crash-recovery-deploy-")
 
 
 if __name__ == "__main__":
