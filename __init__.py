@@ -43,7 +43,8 @@ def register(ctx: Any) -> None:
     """Hermes entry point: the ``tool_execution`` middleware, the
     ``pre_tool_call`` hook, the two read-only inspection tools, and -- where the
     host has them -- ``hermes crash-recovery ...`` and ``/crash-recovery``."""
-    guard = RecoveryGuard(host.resolve_data_dir, settings=host.settings_reader(ctx),
+    settings = host.settings_reader(ctx)
+    guard = RecoveryGuard(host.resolve_data_dir, settings=settings,
                           command_prefix=host.command_prefix)
     ctx.register_middleware("tool_execution", guard.tool_execution)
     ctx.register_hook("pre_tool_call", guard.pre_tool_call)
@@ -54,7 +55,8 @@ def register(ctx: Any) -> None:
     if callable(register_cli_command):
         register_cli_command(COMMAND_NAME, "Inspect and settle the crash-recovery journal",
                              setup_hermes_command,
-                             hermes_command_handler(host.resolve_data_dir, host.command_prefix),
+                             hermes_command_handler(host.resolve_data_dir, host.command_prefix,
+                                                    settings),
                              description="The operator commands of docs/cli.md, on the active "
                                          "profile's data directory (respects -p / HERMES_HOME).")
     register_command = getattr(ctx, "register_command", None)

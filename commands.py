@@ -22,7 +22,7 @@ from typing import Any, Optional
 
 from . import report
 from .durable import fsync_directory, open_regular_file, read_regular_file
-from .errors import JournalError
+from .errors import AdmissionRefused, JournalError
 from .journal import Journal
 from .owner import OWNER_RUNNING, probe_lock, probe_owner
 from .record import CHECKPOINT_NAME, canonical_text
@@ -204,7 +204,8 @@ def command_show(args: argparse.Namespace, data_dir: str) -> dict:
             history = [dict(payload, seq=seq) for _, seq, payload in found]
             archived = found[0][0]["file"] if found else None
     if not history:
-        raise CommandError("unknown_operation", f"no operation {operation_id} in this journal")
+        # The journal verified: the request is what failed (integrity "ok").
+        raise AdmissionRefused("unknown_operation", f"no operation {operation_id} in this journal")
     shown = {operation.operation_id: operation for operation in (*status.unresolved,
                                                                   *status.attention)}
     if operation_id in shown:

@@ -27,11 +27,12 @@ if __name__ == "__main__" and not __package__:  # `python operator_cli.py` in a 
 import argparse
 import os
 import sys
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from .commands import COMMANDS, ERROR_HINTS, CommandError
 from .errors import AdmissionRefused, JournalError
-from .report import json_text, prometheus_text, render_text
+from .report import json_text, log_text_lines, prometheus_text, render_text
+from .settings import parse_settings
 
 EXIT_OK, EXIT_ERROR, EXIT_ATTENTION = 0, 1, 3
 FORMATS = ("json", "text", "prometheus")
@@ -143,7 +144,9 @@ def add_arguments(parser: argparse.ArgumentParser, parser_class: type) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The stand-alone parser for every command (usage errors raise CommandError)."""
-    parser = _Parser(prog="operator_cli.py",
+    # The console script (`crash-recovery-operator`) is named as it was run.
+    program = os.path.basename(sys.argv[0] or "")
+    parser = _Parser(prog=program if program.startswith("crash-recovery") else "operator_cli.py",
                      description="Inspect and settle the crash-recovery journal (docs/cli.md).",
                      epilog=RUNBOOK_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser, _Parser)
@@ -151,10 +154,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def execute(args: argparse.Namespace, data_dir_default: Callable[[], str],
-            prefix: Optional[Callable[[str], Sequence[str]]] = None) -> int:
+            prefix: Optional[Callable[[str], Sequence[str]]] = None,
+            settings: Optional[Callable[[], Any]] = None) -> int:
     """Run the parsed command; print its result; return the exit code.
     ``prefix(data_dir)``: how the commands are run here, for the hints in text
-    output (default: the stand-alone form)."""
+    output (default: the stand-alone form).  ``settings()``: the raw plugin
+    settings where they are known (inside Hermes); ``status`` then shows them
+    parsed, with any problem (docs/cli.md §status)."""
     output_format, command = getattr(args, "format", "json"), getattr(args, "command", None)
     try:
         if command is None:
@@ -177,6 +183,8 @@ def execute(args: argparse.Namespace, data_dir_default: Callable[[], str],
         # the journal's real integrity.
         result, exit_code = {"ok": False, "integrity": exc.details.get("found", exc.code),
                              "error": exc.to_json()}, EXIT_ERROR
+    if command == "status" and settings is not None:
+        result["settings"] = _settings_view(settings)
     if exit_code and result["error"]["code"] in ERROR_HINTS:
         result["error"]["hint"] = ERROR_HINTS[result["error"]["code"]]
     if exit_code == EXIT_OK and getattr(args, "check", False) and (
@@ -195,6 +203,15 @@ def execute(args: argparse.Namespace, data_dir_default: Callable[[], str],
     return exit_code
 
 
+def _settings_view(settings: Callable[[], Any]) -> dict:
+    """The parsed settings as ``status`` shows them; never raises."""
+    try:
+        raw = settings()
+    except Exception as exc:  # the same fail-closed reading as the guard's
+        raw = f"<unreadable: {type(exc).__name__}: {exc}>"
+    return parse_settings(raw).to_json()
+
+
 def _print_log(result: dict, *, jsonl: bool, text: bool) -> None:
     """Print ``log``'s events as they are read (constant memory)."""
     events: Iterator[dict] = result["events"]
@@ -202,7 +219,8 @@ def _print_log(result: dict, *, jsonl: bool, text: bool) -> None:
         for event in events:
             print(json_text(event, None))
     elif text:
-        print(render_text("log", dict(result, events=list(events))))
+        for line in log_text_lines(result):
+            print(line)
     else:
         head = json_text({key: value for key, value in result.items() if key != "events"}, 1)
         print(head[:-2] + ',\n "events": [')
@@ -254,14 +272,15 @@ def setup_hermes_command(parser: argparse.ArgumentParser) -> None:
     add_arguments(parser, _ExitingParser)
 
 
-def hermes_command_handler(data_dir: Callable[[], str],
-                           prefix: Callable[[], Sequence[str]]) -> Callable[[argparse.Namespace],
-                                                                            None]:
+def hermes_command_handler(data_dir: Callable[[], str], prefix: Callable[[], Sequence[str]],
+                           settings: Optional[Callable[[], Any]] = None,
+                           ) -> Callable[[argparse.Namespace], None]:
     """``handler_fn`` of ``ctx.register_cli_command``: run the command on the
     active profile's data directory (``data_dir()``, resolved by Hermes from
-    ``HERMES_HOME`` / ``-p``; ``prefix()`` how the profile's commands are run)
+    ``HERMES_HOME`` / ``-p``; ``prefix()`` how the profile's commands are run;
+    ``settings()`` the profile's raw plugin settings, shown by ``status``)
     and exit with its code (Hermes ignores return values)."""
     def handle(args: argparse.Namespace) -> None:
         sys.exit(_quiet_on_closed_stdout(lambda: execute(
-            args, lambda: str(data_dir()), lambda _: prefix())))
+            args, lambda: str(data_dir()), lambda _: prefix(), settings)))
     return handle

@@ -13,7 +13,7 @@ import shlex
 import sys
 import time
 import unicodedata
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Iterable, Iterator, Optional, Sequence
 
 from .chain import Operation
 from .errors import JournalError
@@ -115,6 +115,8 @@ def blocked_result(code: str, explanation: str, *, prefix: Optional[Sequence[str
 
 
 def _described(operations: list) -> str:
+    if not operations:  # its admission is still being recorded
+        return "its start is being recorded now"
     return "; ".join(f"operation {operation['operation_id']} (tool {operation['tool']}, "
                      f"{operation['state']}, started {describe_age(operation['age_seconds'])} "
                      f"ago)" for operation in operations)
@@ -314,6 +316,13 @@ def _status_text(result: dict, header: str, prefix: Sequence[str]) -> str:
                   _table(attention, ("operation_id", "tool", "late_reason", "started_at", "age")),
                   "  " + command_line(prefix, "acknowledge", attention[0]["operation_id"],
                                       "--evidence", "<what you did>")]
+    shown = result.get("settings")
+    if shown:
+        tools = ", ".join(map(_cell, shown.get(shown.get("mode"), []))) or "-"
+        lines += ["", f"settings: mode {shown.get('mode')}: {tools}"]
+        if shown.get("problem"):
+            lines.append(f"SETTINGS PROBLEM (every tool is protected until it is fixed): "
+                         f"{_cell(shown['problem'])}")
     return "\n".join(lines)
 
 
@@ -345,8 +354,42 @@ def render_text(command: str, result: dict, prefix: Optional[Sequence[str]] = No
                           *lines, "", _table(result["events"], (
                               "seq", "at", "kind", "reason", "outcome", "result_hash",
                               "evidence"))])
-    tools = {event["operation_id"]: event["tool"] for event in result["events"] if "tool" in event}
-    events = [dict(event, at=iso_utc(event["timestamp_ns"]),
-                   tool=tools.get(event["operation_id"])) for event in result["events"]]
-    return header + "\n" + _table(events, (
-        "seq", "at", "kind", "operation_id", "tool", "reason", "outcome", "evidence"))
+    return "\n".join(log_text_lines(result))
+
+
+# Column widths of the streamed `log --format text`: it cannot look ahead at a
+# million rows to size them, so long cells are cut (the JSON forms are complete).
+_LOG_COLUMNS = (("seq", 18), ("at", 20), ("kind", 12), ("operation_id", 36), ("tool", 20),
+                ("reason", 14), ("outcome", 11), ("detail", 0))
+
+
+def log_text_lines(result: dict) -> Iterator[str]:
+    """``log --format text`` line by line, as the events are read (constant
+    memory): the header, column titles, one line per event.  ``tool`` is shown
+    on ``started`` events; ``detail`` holds the evidence of a resolution or
+    acknowledgement and the anchor of an ``archived`` event.  With ``log
+    --all`` a seq is written ``<journal id prefix>:<seq>`` (each segment
+    counts from 1)."""
+    checkpoint = result.get("checkpoint") or {}
+    yield (f"integrity: {result.get('integrity')}   data dir: {result.get('data_dir') or ''}\n"
+           f"events: {checkpoint.get('count', 0)}   head: {checkpoint.get('head', '-')}")
+
+    def line(cells: Sequence[str]) -> str:
+        padded = []
+        for (_, width), cell in zip(_LOG_COLUMNS, cells):
+            if width and _display_width(cell) > width:
+                cell = cell[:width - 1] + "…"
+            padded.append(cell + " " * max(0, width - _display_width(cell)))
+        return "  ".join(padded).rstrip()
+
+    yield line([name.upper() for name, _ in _LOG_COLUMNS])
+    for event in result["events"]:
+        anchor = event.get("archive")
+        detail = (f"archive {anchor.get('file')} ({anchor.get('count')} events)"
+                  if isinstance(anchor, dict) else event.get("evidence"))
+        segment = event.get("journal_id")
+        seq = f"{segment[:8]}:{event.get('seq')}" if isinstance(segment, str) else event.get("seq")
+        yield line([_cell(seq), _cell(iso_utc(event["timestamp_ns"])),
+                    _cell(event.get("kind")), _cell(event.get("operation_id")),
+                    _cell(event.get("tool")), _cell(event.get("reason")),
+                    _cell(event.get("outcome")), _cell(detail)])

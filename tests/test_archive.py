@@ -89,10 +89,18 @@ class ArchiveRoundTrip(ReliabilityCase):
         verified = run_cli(self.data_dir, "verify", "--all")[1]
         self.assertEqual(len(verified["archives_verified"]), 2)
         self.assertEqual(len(all_events(self.data_dir)), 6 + 5 + 1)
-        self.assertEqual([entry["action"] for entry in
-                          (json.loads(line) for line in open(os.path.join(self.data_dir,
-                                                                          "operator.log")))],
-                         ["archive", "archive"])
+        with open(os.path.join(self.data_dir, "operator.log")) as stream:
+            self.assertEqual([json.loads(line)["action"] for line in stream],
+                             ["archive", "archive"])
+        # The text forms read an anchor event (no operation id) and every segment.
+        code, _, text = run_cli(self.data_dir, "--format", "text", "log")
+        self.assertEqual(code, 0, text)
+        [anchor_line] = [line for line in text.splitlines() if " archived " in line]
+        self.assertIn("archive/", anchor_line)
+        code, _, text = run_cli(self.data_dir, "--format", "text", "log", "--all")
+        self.assertEqual(code, 0, text)
+        self.assertEqual(len(text.splitlines()), 2 + 1 + 6 + 5 + 1)
+        self.assertEqual(sum(1 for line in text.splitlines() if " archived " in line), 2)
 
     def test_refusals(self):
         with self.assertRaises(RuntimeError):

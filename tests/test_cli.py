@@ -289,3 +289,30 @@ class HermesPrefixTests(JournalTestCase):
         self.assertEqual(report.hermes_prefix("work"), ("hermes", "-p", "work", "crash-recovery"))
         self.assertEqual(report.hermes_prefix("custom"), ("hermes", "crash-recovery"))
         self.assertEqual(report.hermes_prefix(None), ("hermes", "crash-recovery"))
+
+
+class HermesStatusSettingsTests(CliTestCase):
+
+    def run_status(self, raw, *words):
+        parser = operator_cli.build_parser()
+        args = parser.parse_args(["--data-dir", self.data_dir, *words, "status"])
+        stdout = io.StringIO()
+        with contextlib.redirect_stdout(stdout):
+            code = operator_cli.execute(args, lambda: self.data_dir, None, lambda: raw)
+        return code, stdout.getvalue()
+
+    def test_status_inside_hermes_shows_the_settings_and_their_problem(self):
+        code, stdout = self.run_status({"protected_tools": '["book_trip"]'})
+        self.assertEqual(code, 0)
+        self.assertEqual(json.loads(stdout)["settings"]["mode"], "protected_tools")
+        self.assertEqual(json.loads(stdout)["settings"]["protected_tools"], ["book_trip"])
+        code, stdout = self.run_status({"read_only_tool": ["lookup_receipt"]})
+        shown = json.loads(stdout)["settings"]
+        self.assertEqual((shown["mode"], shown["read_only_tools"]), ("read_only_tools", []))
+        self.assertIn("read_only_tool", shown["problem"])
+        code, stdout = self.run_status({"read_only_tool": ["lookup_receipt"]}, "--format", "text")
+        self.assertIn("SETTINGS PROBLEM", stdout)
+        self.assertIn("read_only_tool", stdout)
+
+    def test_stand_alone_status_has_no_settings(self):
+        self.assertNotIn("settings", run_cli(self.data_dir, "status")[1])
