@@ -17,27 +17,69 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import secrets
+import stat
 import sqlite3
 import urllib.parse
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
 from .chain import Chain, PossibleReuse, extend_chain
 from .schema import (SQL_COUNT_EVENTS, SQL_INSERT_EVENT, SQL_SELECT_ALL_EVENTS, SQL_SELECT_HASH_AT,
                      SQL_SELECT_LAST_EVENT, SQL_SELECT_METADATA, SQL_SELECT_OPERATION_EVENTS,
                      SQL_SELECT_PAYLOAD_AT, SQL_SELECT_ROWS_AFTER, schema_problem)
-from .durable import (fsync_directory, fsync_file, make_durable_directories, read_regular_file,
-                      storage_error, write_atomically)
+from .durable import (fsync_directory, fsync_file, make_durable_directories, process_alive,
+                      read_regular_file, storage_error, write_atomically)
 from .errors import IntegrityError, JournalError
-from .record import SCHEMA, canonical_text, decode_payload, genesis_hash
+from .record import INTENT_NAME, SCHEMA, canonical_text, decode_payload, genesis_hash
 
 ARCHIVE_DIRECTORY = "archive"
 ARCHIVE_SUFFIX = ".sqlite3"
-# The switch in progress: {"from": checkpoint of the sealed journal, "to": the new
-# journal id, "file": the archive}.  While it exists, the next writer finishes
-# or undoes the switch (docs/format.md §Archives, crash safety).
-INTENT_NAME = "archive.json"
+# INTENT_NAME (record.py) holds the switch in progress: {"from": checkpoint of the
+# sealed journal, "to": the new journal id, "file": the archive, "temp": the copy}.
+# While it exists, the next writer finishes or undoes the switch.
 # An anchor chain longer than this is refused as a loop.
 MAX_ARCHIVES = 100000
+# An unfinished copy: archive/copy.<pid>-<8 hex>.tmp (and SQLite's -journal beside it).
+_COPY_NAME = re.compile(r"copy\.(\d+)-[0-9a-f]{8}\.tmp")
+_COPY_SUFFIXES = ("", "-journal")
+
+
+def new_copy_path(data_dir: str) -> str:
+    """A fresh path for this process's unfinished copy."""
+    return os.path.join(data_dir, ARCHIVE_DIRECTORY,
+                        f"copy.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+
+
+def copy_path(data_dir: str, relative: Any) -> Optional[str]:
+    """The unfinished copy an intent names, if ``relative`` has exactly the
+    form :func:`new_copy_path` gives (anything else is never touched)."""
+    if not isinstance(relative, str):
+        return None
+    directory, name = os.path.split(relative)
+    if directory != ARCHIVE_DIRECTORY or not _COPY_NAME.fullmatch(name):
+        return None
+    return os.path.join(data_dir, ARCHIVE_DIRECTORY, name)
+
+
+def remove_stale_copies(data_dir: str) -> list:
+    """Remove unfinished copies whose process is gone (a copy runs without the
+    writer lock, so a live one is left alone); returns the names removed.
+    Never raises."""
+    removed = []
+    directory = os.path.join(data_dir, ARCHIVE_DIRECTORY)
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        base = name[:-len("-journal")] if name.endswith("-journal") else name
+        match = _COPY_NAME.fullmatch(base)
+        if match and not process_alive(int(match.group(1))):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(directory, name))
+                removed.append(name)
+    return removed
 
 
 def relative_name(journal_id: str) -> str:
@@ -53,9 +95,21 @@ def archive_path(data_dir: str, anchor: dict) -> str:
 
 
 def _open(path: str) -> sqlite3.Connection:
-    """A read-only, immutable connection: archives are sealed, never written."""
-    if not os.path.isfile(path):
-        raise IntegrityError("archive_missing", f"archive {os.path.basename(path)} is missing")
+    """A read-only, immutable connection: archives are sealed, never written.
+    Like the journal's other files, an archive is never reached through a
+    symbolic link (of the file or of ``archive/``)."""
+    name = os.path.basename(path)
+    try:
+        directory, found = os.lstat(os.path.dirname(path)), os.lstat(path)
+    except FileNotFoundError:
+        raise IntegrityError("archive_missing", f"archive {name} is missing") from None
+    except OSError as exc:
+        raise IntegrityError("archive_missing", f"archive {name} cannot be examined "
+                             f"({exc.strerror or exc})") from None
+    if not (stat.S_ISDIR(directory.st_mode) and stat.S_ISREG(found.st_mode)):
+        raise IntegrityError("archive_missing", f"archive {name} is not a regular file in the "
+                             f"{ARCHIVE_DIRECTORY} directory (a symbolic link or another kind of "
+                             "file is never followed)")
     try:
         return sqlite3.connect("file:" + urllib.parse.quote(path) + "?mode=ro&immutable=1",
                                uri=True, isolation_level=None)
@@ -193,7 +247,7 @@ def copied_count(temp_path: str) -> int:
 
 def discard(temp_path: str) -> None:
     """Remove an unfinished copy (never raises)."""
-    for path in (temp_path, temp_path + "-journal"):
+    for path in (temp_path + suffix for suffix in _COPY_SUFFIXES):
         with contextlib.suppress(OSError):
             os.unlink(path)
 

@@ -16,6 +16,7 @@ import getpass
 import json
 import os
 import socket
+import stat
 import time
 import uuid
 from typing import Any, Optional
@@ -96,13 +97,19 @@ def _operation_id(text: str) -> str:
 
 
 def _read_checkpoint_file(path: str) -> Any:
+    """An exported checkpoint (a small JSON file; symlinks are fine, a FIFO or
+    device is refused rather than waited on)."""
     try:
-        with open(path, "rb") as stream:
+        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(descriptor, "rb") as stream:
+            if not stat.S_ISREG(os.fstat(stream.fileno()).st_mode):
+                raise CommandError("checkpoint_unreadable", f"{path} is not a regular file")
             return json.loads(stream.read(1 << 20))
     except OSError as exc:
         raise CommandError("checkpoint_unreadable", f"{path}: {exc.strerror or exc}") from None
-    except ValueError:
-        raise CommandError("checkpoint_unreadable", f"{path} is not JSON") from None
+    except (ValueError, RecursionError):
+        raise CommandError("checkpoint_unreadable", f"{path} is not JSON (or nests too "
+                                                    "deeply)") from None
 
 
 def _append_operator_log(data_dir: str, entry: dict) -> Optional[str]:

@@ -23,8 +23,8 @@ import stat
 from typing import Any, Callable, Optional
 
 from .errors import IntegrityError, JournalUnavailable, short
-from .record import (CHECKPOINT_NAME, MARKER_NAME, canonical_text, checkpoint_shape_problem,
-                     is_uuid, marker_text)
+from .record import (CHECKPOINT_NAME, INTENT_NAME, MARKER_NAME, canonical_text,
+                     checkpoint_shape_problem, is_uuid, marker_text)
 
 # Temporary files of an atomic replace are named <target>.<pid>-<random>.tmp, unique
 # per writer; the next writer removes any leftover (docs/format.md §Files).
@@ -381,7 +381,8 @@ class DurableFiles:
 
     def remove_stale_temp_files(self) -> list:
         """Leftover temp files of ``head.json`` and the marker (writer lock held)."""
-        return remove_stale_temp_files(self.data_dir, (CHECKPOINT_NAME, MARKER_NAME))
+        return remove_stale_temp_files(self.data_dir, (CHECKPOINT_NAME, MARKER_NAME,
+                                                       INTENT_NAME))
 
 
 def compare_checkpoint(found: bytes, expected: dict) -> None:

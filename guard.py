@@ -352,10 +352,10 @@ class RecoveryGuard:
     def _maybe_archive(self) -> None:
         """``archive_after_events``: seal the live segment once it is that long
         and nothing is open or running (never raises)."""
-        limit, journal = self.settings().archive_after_events, self._journal
-        if not limit or journal is None or self.poisoned:
-            return
         try:
+            limit, journal = self.settings().archive_after_events, self._journal
+            if not limit or journal is None or self.poisoned:
+                return
             status = journal.status()
             if (status.checkpoint["count"] < limit or status.unresolved or status.attention
                     or probe_lock(journal.data_dir) is not None):

@@ -118,10 +118,12 @@ def summary_text(status: dict, prefix: tuple) -> str:
         lines.append(f"crash-recovery: gate CLOSED -- the journal cannot be used "
                      f"({status.get('integrity')}: {error.get('message', status.get('poisoned'))}).")
         lines.append(f"Inspect: {report.command_line(prefix, 'verify')}")
-    elif status.get("unresolved"):
-        lines.append(f"crash-recovery: gate CLOSED -- {len(status['unresolved'])} protected "
+    elif status.get("gate") == report.GATE_CLOSED:
+        waiting = [operation for operation in status.get("unresolved") or []
+                   if report.operation_waits_for_a_person(operation)]
+        lines.append(f"crash-recovery: gate CLOSED -- {len(waiting)} protected "
                      "call(s) with an unknown outcome block every protected tool in this profile:")
-        for operation in status["unresolved"]:
+        for operation in waiting:
             worker = {"running": f"its worker still runs (pid {operation.get('owner_pid')})",
                       "gone": "its worker is gone"}.get(operation.get("owner"), "worker unknown")
             reason = f", {operation['reason']}" if operation.get("reason") else ""

@@ -298,8 +298,7 @@ class Journal:
             raise JournalUnavailable("storage_unavailable", "journal opened read-only")
         with self._store.lock:
             self._refuse_archive(self._store.snapshot())
-            directory = os.path.join(self.data_dir, archive.ARCHIVE_DIRECTORY)
-            temp = os.path.join(directory, f"copy.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+            temp = archive.new_copy_path(self.data_dir)
             try:
                 archive.start_copy(self._store.database.path, temp)
                 copied = archive.copied_count(temp)
@@ -428,9 +427,9 @@ class Journal:
         """An export from before an archive proves its prefix in that archive."""
         archive.verify_archive(self.data_dir, anchor)
         count = checkpoint["count"]
-        at = (genesis_hash(anchor["journal_id"], checkpoint["schema"]) if count == 0
-              else archive.hash_at(self.data_dir, anchor, count))
-        if count > anchor["count"] or checkpoint["head"] != at:
+        if count > anchor["count"] or checkpoint["head"] != (
+                genesis_hash(anchor["journal_id"], checkpoint["schema"]) if count == 0
+                else archive.hash_at(self.data_dir, anchor, count)):
             raise IntegrityError("checkpoint_not_ancestor",
                                  f"external checkpoint is not a prefix of archive {anchor['file']}",
                                  checkpoint_count=count, journal_count=anchor["count"])

@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 from .commands import COMMANDS, ERROR_HINTS, CommandError
 from .errors import AdmissionRefused, JournalError
-from .report import json_text, log_text_lines, prometheus_text, render_text
+from .report import GATE_CLOSED, json_text, log_text_lines, prometheus_text, render_text
 from .settings import parse_settings
 
 EXIT_OK, EXIT_ERROR, EXIT_ATTENTION = 0, 1, 3
@@ -162,6 +162,7 @@ def execute(args: argparse.Namespace, data_dir_default: Callable[[], str],
     settings where they are known (inside Hermes); ``status`` then shows them
     parsed, with any problem (docs/cli.md §status)."""
     output_format, command = getattr(args, "format", "json"), getattr(args, "command", None)
+    data_dir = None
     try:
         if command is None:
             raise CommandError("usage", "a command is required (see --help)")
@@ -188,13 +189,15 @@ def execute(args: argparse.Namespace, data_dir_default: Callable[[], str],
     if exit_code and result["error"]["code"] in ERROR_HINTS:
         result["error"]["hint"] = ERROR_HINTS[result["error"]["code"]]
     if exit_code == EXIT_OK and getattr(args, "check", False) and (
-            result.get("unresolved") or result.get("attention")):
-        exit_code = EXIT_ATTENTION
+            result.get("gate") == GATE_CLOSED or result.get("attention")):
+        exit_code = EXIT_ATTENTION  # a running call (gate busy) needs nobody
     if command == "log" and exit_code == EXIT_OK:
         _print_log(result, jsonl=args.jsonl, text=output_format == "text")
     elif output_format == "prometheus":
+        # A failure keeps the healthy series' label (the absolute data directory),
+        # so an alert on it fires.
         print(prometheus_text(result) if exit_code != EXIT_ERROR
-              else prometheus_text({"data_dir": getattr(args, "data_dir", None)}))
+              else prometheus_text({"data_dir": data_dir or ""}))
     elif output_format == "text":
         words = prefix(result.get("data_dir", "")) if prefix and exit_code != EXIT_ERROR else None
         print(render_text(command or "", result, words))

@@ -26,6 +26,8 @@ SCHEMA = "hermes.crash-recovery.v1"
 DATABASE_NAME = "journal.sqlite3"
 CHECKPOINT_NAME = "head.json"
 MARKER_NAME = "initialized"
+# The intent of an archive switch in progress (docs/format.md §Archives).
+INTENT_NAME = "archive.json"
 WAL_SUFFIX = "-wal"
 SHM_SUFFIX = "-shm"
 

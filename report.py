@@ -164,11 +164,18 @@ def integrity_explanation(error: JournalError, prefix: Optional[Sequence[str]]) 
 
 
 def gate_of(ok: bool, unresolved: list, in_flight: Optional[dict]) -> str:
-    """``closed`` (integrity failure or unknown outcomes), ``busy`` (a call is
-    running now: the owner lock is held) or ``open``."""
-    if not ok or unresolved:
+    """``closed`` (an integrity failure, or an outcome nobody knows: an open
+    operation whose worker is not running it), ``busy`` (a call is running
+    now: its worker holds the owner lock) or ``open``.  ``unresolved``:
+    :func:`operation_view` dicts."""
+    if not ok or any(operation_waits_for_a_person(view) for view in unresolved):
         return GATE_CLOSED
-    return GATE_BUSY if in_flight else GATE_OPEN
+    return GATE_BUSY if unresolved or in_flight else GATE_OPEN
+
+
+def operation_waits_for_a_person(view: dict) -> bool:
+    """An open operation that is not a call running right now."""
+    return not (view.get("state") == "pending" and view.get("owner") == OWNER_RUNNING)
 
 
 def status_report(journal: Any, data_dir: str, *, now_ns: Optional[int] = None) -> dict:
@@ -215,6 +222,9 @@ def prometheus_text(result: dict, *, now_ns: Optional[int] = None) -> str:
          1 if result.get("ok") else 0),
         ("gate_open", "1 if protected calls may run now, 0 if not.",
          1 if result.get("gate") == GATE_OPEN else 0),
+        ("gate_closed", "1 if protected calls are refused until a person acts (an unknown "
+         "outcome or an integrity failure), 0 if open or busy with a running call.",
+         1 if result.get("gate") not in (GATE_OPEN, GATE_BUSY) else 0),
     )
     lines = []
     for name, help_text, value in gauges:
@@ -293,7 +303,12 @@ def _status_text(result: dict, header: str, prefix: Sequence[str]) -> str:
     lines = [header, f"gate: {result.get('gate')}" + (
         f" (a protected call is running: operation {in_flight.get('operation_id')}, pid "
         f"{in_flight.get('pid')})" if in_flight else "")]
-    if rows:
+    if rows and result.get("gate") == GATE_BUSY:
+        lines += [f"{len(rows)} protected call(s) running now (the worker holds the owner lock); "
+                  "others wait for it, nothing needs settling:",
+                  _table(rows, ("operation_id", "tool", "state", "started_at", "age", "owner",
+                                "session_id", "tool_call_id"))]
+    elif rows:
         first = rows[0]["operation_id"]
         lines += [
             f"{len(rows)} unresolved operation(s) block every protected call in this profile:",

@@ -82,14 +82,14 @@ def parse_tool_list(value: Any, key: str) -> tuple:
     string; raises ``ValueError`` naming ``key`` and the value otherwise."""
     if isinstance(value, str):
         text = value.strip()
-        if text.startswith("["):
+        if text.startswith(("[", "{", '"')):
             try:
                 value = json.loads(text)
-            except ValueError:
-                raise ValueError(f"{key} is text that starts like a JSON list but is not "
-                                 f"one: {_shown(value)}") from None
+            except (ValueError, RecursionError):
+                raise ValueError(f"{key} is text that starts like JSON but is not valid "
+                                 f"JSON: {_shown(value)}") from None
         else:
-            return tuple(name.strip() for name in text.split(",") if name.strip())
+            value = [name.strip() for name in text.split(",") if name.strip()]
     if isinstance(value, (list, tuple)) and all(isinstance(name, str) and name.strip()
                                                 for name in value):
         return tuple(name.strip() for name in value)
@@ -100,6 +100,14 @@ def parse_tool_list(value: Any, key: str) -> tuple:
 def parse_settings(raw: Any) -> Settings:
     """:class:`Settings` from the raw ``settings`` mapping (None: nothing set).
     Never raises: a problem gives :data:`FAIL_CLOSED` with ``problem`` set."""
+    try:
+        return _parse(raw)
+    except Exception as exc:  # e.g. a mapping whose iteration raises: fail closed
+        return _failed(f"the settings could not be read ({type(exc).__name__}: "
+                       f"{_shown(str(exc))})", {})
+
+
+def _parse(raw: Any) -> Settings:
     if raw is None:
         return Settings()
     if not isinstance(raw, dict):
@@ -116,6 +124,10 @@ def parse_settings(raw: Any) -> Settings:
         for key in (MODE_READ_ONLY_TOOLS, MODE_PROTECTED_TOOLS):
             if raw.get(key) is not None:
                 mode, tools = key, parse_tool_list(raw[key], key)
+        if mode == MODE_PROTECTED_TOOLS and not tools:
+            # Surely a mistake (an empty `hermes config set`): it would protect nothing.
+            raise ValueError("protected_tools is empty, which would protect nothing; list the "
+                             "tools to protect, or remove it for the default mode")
         return Settings(
             mode=mode, tools=frozenset(tools),
             full_verification=_flag(raw.get("full_verification", False), "full_verification"),
@@ -149,9 +161,15 @@ def _number(value: Any, key: str) -> float:
             value = float(value.strip())
         except ValueError:
             pass
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{key} must be a number, got {_shown(value)}")
-    return float(value)
+    try:
+        number = float(value)  # an int too large for a float raises OverflowError
+    except OverflowError:
+        raise ValueError(f"{key} is too large: {_shown(value)}") from None
+    if not math.isfinite(number):
+        raise ValueError(f"{key} must be a finite number, got {_shown(value)}")
+    return number
 
 
 def _seconds(value: Any, key: str) -> float:

@@ -38,8 +38,8 @@ from .schema import (SQL_COUNT_EVENTS, SQL_DROP_TRIGGER, SQL_EMPTY_EVENTS, SQL_E
                      create_schema_rows, create_triggers)
 from .durable import BOUNDARY_KIND_GENESIS, BOUNDARY_KIND_MARKER, DurableFiles, reach_boundary
 from .errors import AdmissionRefused, IntegrityError, JournalError, JournalUnavailable
-from .record import (KIND_ARCHIVED, SCHEMA, canonical_text, decode_payload, event_hash, genesis_hash,
-                     payload_problem)
+from .record import (INTENT_NAME, KIND_ARCHIVED, SCHEMA, canonical_text, checkpoint_shape_problem,
+                     decode_payload, event_hash, genesis_hash, is_uuid, payload_problem)
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +78,9 @@ class JournalStore:
         self.files = DurableFiles(data_dir)
         self.lock = threading.RLock()
         self._temp_files_checked = False
+        # (journal id, count, head) this store last verified: history it has seen
+        # may never shrink or change under it (see _check_continues).
+        self._verified: Optional[tuple] = None
         self.forget()
         forksafe.register(self)
 
@@ -324,6 +327,8 @@ class JournalStore:
         connection = self.database.connect()
         if not self.readonly and archive.read_intent(self.data_dir) is not None:
             self._recover_archive_switch()  # a writer finishes or undoes it first
+        elif self.readonly:
+            self._wait_for_archive_switch()
         touched = self.database.files_touched()
         files_before = self.database.files_now() if self.database.immutable else None
         for attempt in range(READ_RETRY_ATTEMPTS):
@@ -338,6 +343,8 @@ class JournalStore:
                          or time.monotonic() - self._full_at > self.full_verification_interval)
                 if stale or not self._extend_cached(connection, chain):
                     chain = self._full_chain(connection)
+                    if chain is not None:
+                        self._check_continues(connection, chain)
                 connection.execute("ROLLBACK")  # a read snapshot: nothing to commit
             except sqlite3.Error as exc:
                 self.forget()
@@ -368,6 +375,7 @@ class JournalStore:
                     chain.count == 0 and not self.files.all_present())):
                 return self._create(connection)  # new, or its creator died half-way
             self._chain, self._schema_version, self._data_version = chain, schema_version, data_version
+            self._verified = (chain.journal_id, chain.count, chain.head)
             self.database.remember_files()
             full = touched = False
             if not check_files:
@@ -384,6 +392,40 @@ class JournalStore:
                     raise
             time.sleep(READ_RETRY_PAUSE_SECONDS)
         raise AssertionError("unreachable")
+
+    def _check_continues(self, connection: sqlite3.Connection, chain: Chain) -> None:
+        """A fully verified chain must continue what this store verified before:
+        the same journal still holding the old head at its seq, or a new segment
+        whose archive anchor covers it.  A consistent older copy of the database
+        and head.json, restored under a live process, is caught here."""
+        if self._verified is None:
+            return
+        journal_id, count, head = self._verified
+        if chain.journal_id != journal_id:
+            anchor = chain.archive or {}
+            if anchor.get("journal_id") == journal_id and anchor.get("count", -1) >= count:
+                return
+            raise IntegrityError("identity_mismatch", f"this process verified journal "
+                                 f"{journal_id} ({count} events); the data directory now holds "
+                                 f"journal {chain.journal_id}, which does not continue it")
+        if chain.count < count:
+            raise IntegrityError("journal_rolled_back", f"this process verified {count} events; "
+                                 f"the journal now holds {chain.count}: events were removed or "
+                                 "an older copy was restored")
+        if count and self._hash_at_locked(connection, count) != head:
+            raise IntegrityError("checkpoint_mismatch", f"the event at seq {count} differs from "
+                                 "the one this process verified: history was rewritten")
+
+    def _wait_for_archive_switch(self) -> None:
+        """A reader meeting an archive intent waits as long as a live switch
+        takes to finish; one still there is ``archive_interrupted``."""
+        for _ in range(READ_RETRY_ATTEMPTS):
+            if archive.read_intent(self.data_dir) is None:
+                return
+            time.sleep(READ_RETRY_PAUSE_SECONDS)
+        raise IntegrityError("archive_interrupted", f"{INTENT_NAME} shows an archive switch "
+                             "that was interrupted; the next protected call or writing operator "
+                             "command finishes or undoes it")
 
     def _name_interrupted_archive(self, error: IntegrityError) -> None:
         """While an archive switch is unfinished, a failed verification is that
@@ -470,6 +512,7 @@ class JournalStore:
         if not self._temp_files_checked:
             self.files.remove_stale_temp_files()
             self.database.remove_stale_build_files()
+            archive.remove_stale_copies(self.data_dir)
             self._temp_files_checked = True
 
     def check_files(self, chain: Chain) -> None:
@@ -543,26 +586,35 @@ class JournalStore:
             count = connection.execute(SQL_COUNT_EVENTS).fetchone()[0]
         except sqlite3.Error as exc:
             raise translate_sqlite_error(exc, "reading an interrupted archive") from None
-        sealed = intent.get("from") or {}
         journal_id = found[0] if found else None
-        final = os.path.join(self.data_dir, str(intent.get("file", "")))
-        if journal_id == sealed.get("journal_id"):  # undo: the old history is live
-            for path in (final, os.path.join(self.data_dir, str(intent.get("temp", "")))):
-                if os.path.basename(os.path.dirname(path)) == archive.ARCHIVE_DIRECTORY:
-                    with contextlib.suppress(FileNotFoundError, IsADirectoryError):
-                        os.unlink(path)
+        sealed = intent.get("from") if isinstance(intent, dict) else None
+        target = intent.get("to") if isinstance(intent, dict) else None
+        if (checkpoint_shape_problem(sealed) is not None or not is_uuid(sealed["journal_id"])
+                or not is_uuid(target)):
+            raise IntegrityError("archive_interrupted", f"{INTENT_NAME} is not an "
+                                 "intent this plugin writes; nothing was changed: a person "
+                                 "must look")
+        if journal_id == sealed["journal_id"]:  # undo: the old history is live
+            # Only the two files this switch can have made, by their own names:
+            # never a path the intent spells out (it could name anything).
+            made = [archive.archive_path(self.data_dir,
+                                         {"file": archive.relative_name(journal_id)}),
+                    archive.copy_path(self.data_dir, intent.get("temp"))]
+            for path in filter(None, made):
+                with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+                    os.unlink(path)
             self.files.write_checkpoint(sealed, announce="")
-            self.files.write_marker(sealed["journal_id"], SCHEMA, announce="")
-        elif journal_id == intent.get("to") and count == 1:  # finish: the new one is
+            self.files.write_marker(journal_id, SCHEMA, announce="")
+        elif journal_id == target and count == 1:  # finish: the new one is live
             row = connection.execute(SQL_SELECT_HASH_AT, (1,)).fetchone()
             self.files.write_marker(journal_id, SCHEMA, announce="")
             self.files.write_checkpoint({"schema": SCHEMA, "journal_id": journal_id,
                                          "count": 1, "head": row[0]}, announce="")
         else:
             raise IntegrityError("archive_interrupted",
-                                 f"{archive.INTENT_NAME} names journals {sealed.get('journal_id')}"
-                                 f" -> {intent.get('to')}, but the database is journal "
-                                 f"{journal_id} with {count} events: a person must look")
+                                 f"{INTENT_NAME} names journals {sealed['journal_id']}"
+                                 f" -> {target}, but the database is journal {journal_id} with "
+                                 f"{count} events: a person must look")
         archive.remove_intent(self.data_dir)
         logger.warning("crash-recovery: %s an interrupted archive switch",
-                       "undid" if journal_id == sealed.get("journal_id") else "finished")
+                       "undid" if journal_id == sealed["journal_id"] else "finished")
