@@ -31,7 +31,8 @@ from .schema import (SQL_COUNT_EVENTS, SQL_INSERT_EVENT, SQL_SELECT_ALL_EVENTS, 
 from .durable import (fsync_directory, fsync_file, make_durable_directories, process_alive,
                       read_regular_file, storage_error, write_atomically)
 from .errors import IntegrityError, JournalError
-from .record import INTENT_NAME, SCHEMA, canonical_text, decode_payload, genesis_hash
+from .record import (INTENT_NAME, SCHEMA, canonical_text, checkpoint_shape_problem, decode_payload,
+                     genesis_hash, is_uuid)
 
 ARCHIVE_DIRECTORY = "archive"
 ARCHIVE_SUFFIX = ".sqlite3"
@@ -275,6 +276,47 @@ def seal(temp_path: str, final_path: str) -> None:
     os.replace(temp_path, final_path)
     fsync_directory(os.path.dirname(final_path))
     fsync_directory(os.path.dirname(os.path.dirname(final_path)))
+
+
+def settle_switch(data_dir: str, files: Any, intent: Any, journal_id: Optional[str],
+                  count: int, first_hash: Optional[str]) -> str:
+    """Finish or undo an interrupted switch, under the writer lock, from what
+    the database holds (``journal_id``, ``count``, the hash of event 1):
+    ``"undid"`` when it still names the sealed journal (the archive file and
+    copy this switch made are removed; head.json and the marker put back),
+    ``"finished"`` when it names the new journal with only its anchor
+    (head.json and the marker written for it).  ``files``: the data
+    directory's :class:`durable.DurableFiles`.  Removes the intent.  Raises
+    ``archive_interrupted`` for anything else, changing nothing."""
+    sealed = intent.get("from") if isinstance(intent, dict) else None
+    target = intent.get("to") if isinstance(intent, dict) else None
+    if (checkpoint_shape_problem(sealed) is not None or not is_uuid(sealed["journal_id"])
+            or not is_uuid(target)):
+        raise IntegrityError("archive_interrupted", f"{INTENT_NAME} is not an intent this "
+                             "plugin writes; nothing was changed: a person must look")
+    if journal_id == sealed["journal_id"]:  # undo: the old history is live
+        # Only the two files this switch can have made, by their own names:
+        # never a path the intent spells out (it could name anything).
+        made = [archive_path(data_dir, {"file": relative_name(journal_id)}),
+                copy_path(data_dir, intent.get("temp"))]
+        for path in filter(None, made):
+            with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+                os.unlink(path)
+        files.write_checkpoint(sealed, announce="")
+        files.write_marker(journal_id, SCHEMA, announce="")
+        done = "undid"
+    elif journal_id == target and count == 1 and first_hash is not None:
+        files.write_marker(journal_id, SCHEMA, announce="")
+        files.write_checkpoint({"schema": SCHEMA, "journal_id": journal_id, "count": 1,
+                                "head": first_hash}, announce="")
+        done = "finished"
+    else:
+        raise IntegrityError("archive_interrupted",
+                             f"{INTENT_NAME} names journals {sealed['journal_id']} -> {target}, "
+                             f"but the database is journal {journal_id} with {count} events: "
+                             "a person must look")
+    remove_intent(data_dir)
+    return done
 
 
 def write_intent(data_dir: str, intent: dict) -> None:

@@ -318,6 +318,7 @@ class Journal:
                     after = self._store.reset_segment(chain, new_id, anchor).checkpoint()
                 archive.remove_intent(self.data_dir)
                 reach_boundary("intent_removed", "archived")
+                self._store.compact()
             except BaseException:
                 archive.discard(temp)
                 raise

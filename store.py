@@ -34,12 +34,12 @@ from .schema import (SQL_COUNT_EVENTS, SQL_DROP_TRIGGER, SQL_EMPTY_EVENTS, SQL_E
                      SQL_INSERT_EVENT, SQL_SELECT_EVENTS_BETWEEN,
                      SQL_SELECT_HASH_AT, SQL_SELECT_JOURNAL_ID, SQL_SELECT_OPERATION_EVENTS,
                      SQL_SELECT_PAYLOAD_AT, SQL_SELECT_RAW_ROWS_BETWEEN, SQL_SELECT_ROW,
-                     SQL_SELECT_ROWS_AFTER, TRIGGERS,
+                     SQL_SELECT_ROWS_AFTER, SQL_VACUUM, TRIGGERS,
                      create_schema_rows, create_triggers)
 from .durable import BOUNDARY_KIND_GENESIS, BOUNDARY_KIND_MARKER, DurableFiles, reach_boundary
 from .errors import AdmissionRefused, IntegrityError, JournalError, JournalUnavailable
-from .record import (INTENT_NAME, KIND_ARCHIVED, SCHEMA, canonical_text, checkpoint_shape_problem,
-                     decode_payload, event_hash, genesis_hash, is_uuid, payload_problem)
+from .record import (INTENT_NAME, KIND_ARCHIVED, SCHEMA, canonical_text, decode_payload,
+                     event_hash, genesis_hash, payload_problem)
 
 logger = logging.getLogger(__name__)
 
@@ -562,6 +562,17 @@ class JournalStore:
         self._chain = fresh
         return fresh
 
+    def compact(self) -> None:
+        """Give back the space of emptied tables (``VACUUM``) after an archive
+        switch; best effort: a failure (another connection busy) is logged."""
+        try:
+            self.database.connection.execute(SQL_VACUUM)
+        except sqlite3.Error as exc:
+            logger.warning("crash-recovery: could not compact the journal after archiving "
+                           "(%s); its free space stays in the file", exc)
+        self.forget()
+        self.database.remember_files()
+
     def _recover_archive_switch(self) -> None:
         """Take the writer lock and finish or undo an interrupted archive switch."""
         connection = self.database.connect()
@@ -579,42 +590,15 @@ class JournalStore:
         self.forget()
 
     def _finish_archive_switch(self, connection: sqlite3.Connection, intent: dict) -> None:
-        """Writer lock held: finish (the database already names the new journal)
-        or undo (it still names the sealed one) an interrupted archive switch."""
+        """Writer lock held: finish or undo an interrupted archive switch
+        (:func:`archive.settle_switch`)."""
         try:
             found = connection.execute(SQL_SELECT_JOURNAL_ID).fetchone()
             count = connection.execute(SQL_COUNT_EVENTS).fetchone()[0]
+            first = connection.execute(SQL_SELECT_HASH_AT, (1,)).fetchone()
         except sqlite3.Error as exc:
             raise translate_sqlite_error(exc, "reading an interrupted archive") from None
-        journal_id = found[0] if found else None
-        sealed = intent.get("from") if isinstance(intent, dict) else None
-        target = intent.get("to") if isinstance(intent, dict) else None
-        if (checkpoint_shape_problem(sealed) is not None or not is_uuid(sealed["journal_id"])
-                or not is_uuid(target)):
-            raise IntegrityError("archive_interrupted", f"{INTENT_NAME} is not an "
-                                 "intent this plugin writes; nothing was changed: a person "
-                                 "must look")
-        if journal_id == sealed["journal_id"]:  # undo: the old history is live
-            # Only the two files this switch can have made, by their own names:
-            # never a path the intent spells out (it could name anything).
-            made = [archive.archive_path(self.data_dir,
-                                         {"file": archive.relative_name(journal_id)}),
-                    archive.copy_path(self.data_dir, intent.get("temp"))]
-            for path in filter(None, made):
-                with contextlib.suppress(FileNotFoundError, IsADirectoryError):
-                    os.unlink(path)
-            self.files.write_checkpoint(sealed, announce="")
-            self.files.write_marker(journal_id, SCHEMA, announce="")
-        elif journal_id == target and count == 1:  # finish: the new one is live
-            row = connection.execute(SQL_SELECT_HASH_AT, (1,)).fetchone()
-            self.files.write_marker(journal_id, SCHEMA, announce="")
-            self.files.write_checkpoint({"schema": SCHEMA, "journal_id": journal_id,
-                                         "count": 1, "head": row[0]}, announce="")
-        else:
-            raise IntegrityError("archive_interrupted",
-                                 f"{INTENT_NAME} names journals {sealed['journal_id']}"
-                                 f" -> {target}, but the database is journal {journal_id} with "
-                                 f"{count} events: a person must look")
-        archive.remove_intent(self.data_dir)
-        logger.warning("crash-recovery: %s an interrupted archive switch",
-                       "undid" if journal_id == sealed["journal_id"] else "finished")
+        done = archive.settle_switch(self.data_dir, self.files, intent,
+                                     found[0] if found else None, count,
+                                     first[0] if first else None)
+        logger.warning("crash-recovery: %s an interrupted archive switch", done)

@@ -86,7 +86,7 @@ import tempfile
 import time
 import uuid
 from json.encoder import encode_basestring
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 REPOSITORY_ROOT = os.path.dirname(BENCH_DIR)

@@ -254,3 +254,29 @@ class LiveProcessSeesRollback(ReliabilityCase):
             blocked = json.loads(book(guard, name, lambda: ran.append(1)))
             self.assertEqual(blocked["code"], "journal_rolled_back")
         self.assertEqual(ran, [])
+
+
+class ReadersDoNotCostWarmWorkers(ReliabilityCase):
+
+    def test_a_status_from_another_process_needs_no_full_verification(self):
+        # As root, SQLite fchowns the WAL when a connection opens it (a new
+        # ctime); that alone must not look like an edit to a warm worker.
+        from crash_recovery import store
+        guard = RecoveryGuard(self.data_dir)
+        self.addCleanup(guard.close)
+        book(guard, "a")
+        full = []
+        original = store.JournalStore._full_chain
+
+        def counting(self_, connection):
+            full.append(1)
+            return original(self_, connection)
+
+        store.JournalStore._full_chain = counting
+        try:
+            for name in ("b", "c"):
+                self.assertEqual(run_cli(self.data_dir, "status")[0], 0)
+                self.assertEqual(book(guard, name), '{"status": "booked"}')
+        finally:
+            store.JournalStore._full_chain = original
+        self.assertEqual(full, [])

@@ -93,6 +93,7 @@ class DeploymentChecks(CheckerReport):
         self.assert_checks("profiles", "status_default_profile", "status_hermes_home",
                            "show_hermes_home")
         self.assert_checks("mode_default", "hermes_home_status_same", "hermes_home_show_same",
+                           "hermes_status_shows_settings",
                            "hermes_home_resolve", "hermes_home_status_check_clear")
 
     def test_default_profile_command_survives_sticky_profile(self) -> None:

@@ -544,13 +544,16 @@ SCENARIOS = {
 # Parent
 # --------------------------------------------------------------------------
 
-def without_volatile(value: Any) -> Any:
-    """A result with the fields that change between two runs (ages) removed."""
+def without_volatile(value: Any, top: bool = True) -> Any:
+    """A result with the fields that change between two runs (ages) removed,
+    and at the top the one documented difference of ``hermes crash-recovery
+    status``: it also shows the profile's settings (the stand-alone CLI cannot
+    read config.yaml)."""
     if isinstance(value, dict):
-        return {key: without_volatile(item) for key, item in value.items()
-                if key not in ("age_seconds",)}
+        return {key: without_volatile(item, False) for key, item in value.items()
+                if key != "age_seconds" and not (top and key == "settings")}
     if isinstance(value, list):
-        return [without_volatile(item) for item in value]
+        return [without_volatile(item, False) for item in value]
     return value
 
 
@@ -655,6 +658,11 @@ class DeploymentRun(CheckerRun):
                      ours.code == theirs.code == code and ours.json is not None
                      and without_volatile(ours.json) == without_volatile(theirs.json),
                      hermes=ours.detail(), operator_cli=theirs.detail())
+        shown = hermes("status").json or {}
+        self.add(label, "hermes_status_shows_settings",
+                 (shown.get("settings") or {}).get("mode") == "read_only_tools"
+                 and "settings" not in (self.operator(data_dir, "status").json or {}),
+                 settings=shown.get("settings"))
         ran = hermes("resolve", operation, "--outcome", "completed", "--evidence",
                      RESOLVE_EVIDENCE)
         self.add(label, "hermes_home_resolve",
