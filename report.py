@@ -153,6 +153,11 @@ def integrity_explanation(error: JournalError, prefix: Optional[Sequence[str]]) 
     """Refusal text for an integrity or availability failure."""
     command = (command_line(prefix, "verify") if prefix
                else "the crash-recovery verify command")
+    if error.code == "database_locked":
+        return (f"The crash-recovery journal is busy: it stayed locked by another process "
+                f"longer than the busy timeout (an archive being sealed, or a stuck worker). "
+                f"This call was NOT run. Ask the user whether to try again in a moment; do not "
+                f"retry in a loop. If it keeps happening, an operator can look with: {command}")
     if error.code == "commit_failed":
         return (f"The journal could not confirm that this call's start was recorded "
                 f"({error.message}). The call was NOT run. If the journal later shows it as "

@@ -1,14 +1,12 @@
-"""The journal's store: verified snapshots, the writer lock, and the append
-protocol (docs/format.md §Append, §What is checked when).
+"""The journal's store: the writer lock, the append protocol, creation and
+the archive switch (docs/format.md §Append, §Creation, §Archives).
 
 :class:`JournalStore` owns the SQLite connection (through :class:`Database`)
 and the files beside it (through :class:`DurableFiles`), and offers three
 things to :class:`journal.Journal`:
 
 * :meth:`JournalStore.snapshot` -- the verified chain, verified on a read
-  snapshot (no writer lock): the whole history the first time, after a schema
-  change, after an unexplained file change, after the full-verification
-  interval; otherwise only the rows appended since;
+  snapshot without the writer lock (snapshot.py);
 * :meth:`JournalStore.writing` -- the writer lock (``BEGIN IMMEDIATE``) held
   around a chain brought up to date cheaply, then COMMIT;
 * :meth:`JournalStore.append` -- one event: INSERT, confirm the stored row,
@@ -28,26 +26,22 @@ from typing import Iterator, Optional
 
 from . import forksafe
 from . import archive
-from .chain import Chain, PossibleReuse, apply_event, extend_chain
+from .chain import Chain, PossibleReuse, apply_event
 from .database import Database, translate_sqlite_error
+from .snapshot import VerifiedSnapshots
 from .schema import (SQL_COUNT_EVENTS, SQL_DROP_TRIGGER, SQL_EMPTY_EVENTS, SQL_EMPTY_METADATA,
                      SQL_INSERT_EVENT, SQL_SELECT_EVENTS_BETWEEN,
                      SQL_SELECT_HASH_AT, SQL_SELECT_JOURNAL_ID, SQL_SELECT_OPERATION_EVENTS,
                      SQL_SELECT_PAYLOAD_AT, SQL_SELECT_RAW_ROWS_BETWEEN, SQL_SELECT_ROW,
-                     SQL_SELECT_ROWS_AFTER, SQL_VACUUM, TRIGGERS,
+                     SQL_VACUUM, TRIGGERS,
                      create_schema_rows, create_triggers)
 from .durable import BOUNDARY_KIND_GENESIS, BOUNDARY_KIND_MARKER, DurableFiles, reach_boundary
 from .errors import AdmissionRefused, IntegrityError, JournalError, JournalUnavailable
-from .record import (INTENT_NAME, KIND_ARCHIVED, SCHEMA, canonical_text, decode_payload,
+from .record import (KIND_ARCHIVED, SCHEMA, canonical_text, decode_payload,
                      event_hash, genesis_hash, payload_problem)
 
 logger = logging.getLogger(__name__)
 
-# A reader's snapshot may be older than head.json, which live writers replace
-# before they COMMIT; it re-reads this many times, this many seconds apart,
-# before it reports the checkpoint as ahead.
-READ_RETRY_ATTEMPTS = 20
-READ_RETRY_PAUSE_SECONDS = 0.02
 # A writer whose snapshot went stale under the lock (the schema changed, or the
 # files changed behind SQLite) verifies again this many times before it gives up.
 WRITE_ATTEMPTS = 3
@@ -58,7 +52,7 @@ class _StaleSnapshot(Exception):
     full verification (outside the writer lock) can judge."""
 
 
-class JournalStore:
+class JournalStore(VerifiedSnapshots):
     """Verified snapshots and appends for one data directory.
 
     Arguments as :class:`journal.Journal`.  Not thread-safe by itself beyond
@@ -83,14 +77,6 @@ class JournalStore:
         self._verified: Optional[tuple] = None
         self.forget()
         forksafe.register(self)
-
-    def forget(self) -> None:
-        """Drop every cached verification result (the next snapshot is full)."""
-        self._chain: Optional[Chain] = None
-        self._schema_version: Optional[int] = None
-        self._data_version: Optional[int] = None
-        self._missing_triggers: list = []
-        self._full_at = 0.0
 
     def _after_fork_in_child(self) -> None:
         self.lock = threading.RLock()  # another thread may have held it at the fork
@@ -314,172 +300,6 @@ class JournalStore:
             raise _StaleSnapshot() from None
         return chain
 
-    def snapshot(self, *, full: bool = False, check_files: bool = True,
-                 complete_creation: bool = True) -> Chain:
-        """The verified chain, verified on a read snapshot: the whole history
-        when nothing is cached, when asked, when the schema changed, when the
-        files changed with no commit to explain it, or when the interval has
-        passed; else only what was appended since.  ``check_files``: also check
-        the marker and head.json (re-reading a head.json a live writer has moved
-        ahead).  A database without tables, or an empty journal without
-        head.json or the marker, is completed when this store may create one
-        (``complete_creation``); else a table-less one is ``journal_absent``."""
-        connection = self.database.connect()
-        if not self.readonly and archive.read_intent(self.data_dir) is not None:
-            self._recover_archive_switch()  # a writer finishes or undoes it first
-        elif self.readonly:
-            self._wait_for_archive_switch()
-        touched = self.database.files_touched()
-        files_before = self.database.files_now() if self.database.immutable else None
-        for attempt in range(READ_RETRY_ATTEMPTS):
-            try:
-                connection.execute("BEGIN")
-                schema_version = connection.execute("PRAGMA schema_version").fetchone()[0]
-                data_version = connection.execute("PRAGMA data_version").fetchone()[0]
-                chain = self._chain
-                stale = (chain is None or full or self.full_verification
-                         or schema_version != self._schema_version
-                         or (touched and data_version == self._data_version)
-                         or time.monotonic() - self._full_at > self.full_verification_interval)
-                if stale or not self._extend_cached(connection, chain):
-                    chain = self._full_chain(connection)
-                    if chain is not None:
-                        self._check_continues(connection, chain)
-                connection.execute("ROLLBACK")  # a read snapshot: nothing to commit
-            except sqlite3.Error as exc:
-                self.forget()
-                raise translate_sqlite_error(exc, "verifying the journal") from None
-            except IntegrityError as exc:
-                self.forget()
-                self._name_interrupted_archive(exc)
-                raise
-            except BaseException:
-                self.forget()
-                raise
-            finally:
-                if connection.in_transaction:
-                    with contextlib.suppress(sqlite3.Error):
-                        connection.execute("ROLLBACK")
-            if files_before is not None and self.database.files_now() != files_before:
-                # immutable=1 takes no lock: a worker that started meanwhile may
-                # have changed the file under the read (docs/cli.md §Access).
-                self.forget()
-                raise JournalUnavailable("journal_changed_while_read",
-                                         "a worker started while the journal was read without "
-                                         "write access; run the command again (or stop the "
-                                         "workers first)")
-            if chain is None and not self.create:  # an empty file, made by hand
-                raise JournalUnavailable("journal_absent",
-                                         f"the journal in {self.data_dir} has no tables yet")
-            if self.create and complete_creation and (chain is None or (
-                    chain.count == 0 and not self.files.all_present())):
-                return self._create(connection)  # new, or its creator died half-way
-            self._chain, self._schema_version, self._data_version = chain, schema_version, data_version
-            self._verified = (chain.journal_id, chain.count, chain.head)
-            self.database.remember_files()
-            full = touched = False
-            if not check_files:
-                return chain
-            try:
-                self.check_files(chain)
-                return chain
-            except IntegrityError as exc:
-                self._name_interrupted_archive(exc)
-                # A live writer keeps head.json ahead of an older snapshot; a
-                # real rollback stays ahead after catching up.
-                if (exc.code not in ("checkpoint_ahead", "journal_rolled_back")
-                        or attempt == READ_RETRY_ATTEMPTS - 1):
-                    raise
-            time.sleep(READ_RETRY_PAUSE_SECONDS)
-        raise AssertionError("unreachable")
-
-    def _check_continues(self, connection: sqlite3.Connection, chain: Chain) -> None:
-        """A fully verified chain must continue what this store verified before:
-        the same journal still holding the old head at its seq, or a new segment
-        whose archive anchor covers it.  A consistent older copy of the database
-        and head.json, restored under a live process, is caught here."""
-        if self._verified is None:
-            return
-        journal_id, count, head = self._verified
-        if chain.journal_id != journal_id:
-            anchor = chain.archive or {}
-            if anchor.get("journal_id") == journal_id and anchor.get("count", -1) >= count:
-                return
-            raise IntegrityError("identity_mismatch", f"this process verified journal "
-                                 f"{journal_id} ({count} events); the data directory now holds "
-                                 f"journal {chain.journal_id}, which does not continue it")
-        if chain.count < count:
-            raise IntegrityError("journal_rolled_back", f"this process verified {count} events; "
-                                 f"the journal now holds {chain.count}: events were removed or "
-                                 "an older copy was restored")
-        if count and self._hash_at_locked(connection, count) != head:
-            raise IntegrityError("checkpoint_mismatch", f"the event at seq {count} differs from "
-                                 "the one this process verified: history was rewritten")
-
-    def _wait_for_archive_switch(self) -> None:
-        """A reader meeting an archive intent waits as long as a live switch
-        takes to finish; one still there is ``archive_interrupted``."""
-        for _ in range(READ_RETRY_ATTEMPTS):
-            if archive.read_intent(self.data_dir) is None:
-                return
-            time.sleep(READ_RETRY_PAUSE_SECONDS)
-        raise IntegrityError("archive_interrupted", f"{INTENT_NAME} shows an archive switch "
-                             "that was interrupted; the next protected call or writing operator "
-                             "command finishes or undoes it")
-
-    def _name_interrupted_archive(self, error: IntegrityError) -> None:
-        """While an archive switch is unfinished, a failed verification is that
-        interruption (``archive_interrupted``), not tampering."""
-        if error.code != "archive_interrupted" and archive.read_intent(self.data_dir) is not None:
-            raise IntegrityError(
-                "archive_interrupted", f"an archive switch was interrupted ({error.code}: "
-                f"{error.message}); the next protected call or operator command that writes "
-                "finishes or undoes it") from None
-
-    def _extend_cached(self, connection: sqlite3.Connection, chain: Optional[Chain]) -> bool:
-        """Extend the cached chain with the rows appended since; False when the
-        last verified row is no longer there as it was (verify everything)."""
-        if chain is None:
-            return False
-        if chain.count and self._hash_at_locked(connection, chain.count) != chain.head:
-            return False
-        try:
-            extend_chain(chain, connection.execute(SQL_SELECT_ROWS_AFTER, (chain.count,)))
-        except PossibleReuse:
-            return False
-        except JournalError:
-            self._chain = None
-            raise
-        return True
-
-    @staticmethod
-    def _hash_at_locked(connection: sqlite3.Connection, seq: int) -> Optional[str]:
-        row = connection.execute(SQL_SELECT_HASH_AT, (seq,)).fetchone()
-        return row[0] if row else None
-
-    def _full_chain(self, connection: sqlite3.Connection) -> Optional[Chain]:
-        """Verify the whole history in the current read transaction (None for a
-        database without tables).  On :class:`PossibleReuse` once more with exact ids."""
-        surviving = (os.path.lexists(self.files.marker_path)
-                     or os.path.lexists(self.files.checkpoint_path))
-        genesis = self.database.read_genesis(connection, surviving)
-        if genesis is None:
-            return None
-        journal_id, schema, self._missing_triggers = genesis
-        self.files.check_marker_identity(journal_id)
-        for exact in (None, set()):
-            chain = Chain(journal_id=journal_id, schema=schema, count=0,
-                          head=genesis_hash(journal_id, schema), exact_ids=exact)
-            try:
-                extend_chain(chain, connection.execute(SQL_SELECT_ROWS_AFTER, (0,)), full=True)
-            except PossibleReuse:
-                continue
-            break
-        self._full_at = time.monotonic()
-        if chain.archive is not None:
-            archive.check_anchor(self.data_dir, chain.archive)
-        return chain
-
     def _create(self, connection: sqlite3.Connection) -> Chain:
         """Create the journal of a fresh database -- tables, then head.json and
         the marker -- under the writer lock (a concurrent creator may win: then
@@ -514,15 +334,6 @@ class JournalStore:
             self.database.remove_stale_build_files()
             archive.remove_stale_copies(self.data_dir)
             self._temp_files_checked = True
-
-    def check_files(self, chain: Chain) -> None:
-        """The marker, then head.json (docs/format.md §Verification steps 3-4).
-        With no event, missing files are a creation in progress or interrupted:
-        nothing can be lost, and the next writer completes them."""
-        interrupted = chain.count == 0
-        self.files.check_marker(chain.journal_id, chain.schema, chain.count,
-                                 creation_interrupted=interrupted)
-        self.files.check_checkpoint(chain.checkpoint(), creation_interrupted=interrupted)
 
     def _complete_initialization(self, chain: Chain) -> None:
         """An empty journal whose creation was interrupted (or is new) gets its

@@ -31,7 +31,7 @@ from unittest import mock
 from reliability_support import ReliabilityCase, logical_snapshot
 from support import REPO, reference
 
-from crash_recovery import durable, store
+from crash_recovery import durable, snapshot
 from crash_recovery.guard import RecoveryGuard
 
 REAL_CONNECT = sqlite3.connect
@@ -127,7 +127,7 @@ ADMISSION_STEPS = {
     "data_version": (lambda: connect_failing("PRAGMA data_version"), "storage_unavailable", True),
     "read": (lambda: connect_failing("SELECT"), "storage_unavailable", True),
     "insert": (lambda: connect_failing("INSERT INTO events"), "storage_unavailable", False),
-    "verify_bug": (lambda: mock.patch.object(store, "extend_chain",
+    "verify_bug": (lambda: mock.patch.object(snapshot, "extend_chain",
                                              mock.Mock(side_effect=RuntimeError("bug"))),
                    "internal_error", True),
     "fsync": (lambda: os_failing("fsync"), "storage_unavailable", False),
@@ -236,7 +236,7 @@ RECORD_STEPS = {
     "fsync": lambda: os_failing("fsync"),
     "replace": lambda: os_failing("replace"),
     "open": lambda: os_failing("open"),
-    "verify_bug": lambda: mock.patch.object(store, "extend_chain",
+    "verify_bug": lambda: mock.patch.object(snapshot, "extend_chain",
                                             mock.Mock(side_effect=RuntimeError("bug"))),
     **{f"hook_{boundary}": (lambda boundary=boundary: hook_raising(boundary, "returned"))
        for boundary in BOUNDARIES + ("committed",)},
