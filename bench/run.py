@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""crash-recovery benchmark: scale (issue 12) and per-call overhead, in one run.
+"""crash-recovery benchmark: scale and per-call overhead, in one run.
 
 One command (from the repository root)::
 
@@ -113,7 +113,7 @@ AFTER_ARCHIVE_REPEATS_QUICK = 2
 LOCK_TEST_BUSY_TIMEOUT_SECONDS = 0.5
 RATIO_MIN_EVENTS = 10_000        # below this, verification times are too small for a ratio
 
-# Targets (issue 12, and issue 5 for the ones kept from the earlier benchmark).
+# Targets (this round's, and those kept from the first round's benchmark).
 TARGET_VERIFY_RATIO = 1.5
 TARGET_VERIFY_EVENTS_PER_SECOND = 500_000
 TARGET_RSS_MB = 64.0
@@ -122,8 +122,8 @@ TARGET_LOCK_HOLD_P99_MS = 50.0
 TARGET_AFTER_ARCHIVE_EXTRA_MS = 20.0
 TARGET_OVERHEAD_RATIO = 1.5
 TARGET_FSYNCS_PER_APPEND = 3
-TARGET_STATUS_SECONDS = 2.5       # issue 5
-TARGET_FIRST_CALL_SECONDS = 2.5   # issue 5
+TARGET_STATUS_SECONDS = 2.5       # first-round target
+TARGET_FIRST_CALL_SECONDS = 2.5   # first-round target
 TARGET_EVENTS = 1_000_000
 
 NO_OP_RESULT = "done"
@@ -1403,11 +1403,11 @@ def evaluate_targets(report: Dict[str, Any]) -> List[Dict[str, Any]]:
             f"{milliseconds(baseline):.1f} ms on an empty journal, alternating, median of "
             f"{archived['fresh_process']['repeats']} each")
     first = largest["fresh_process"]["first_call_seconds"]
-    add(f"first protected call of a fresh process at {at}, no archive (s; issue 5)", first,
+    add(f"first protected call of a fresh process at {at}, no archive (s, first-round target)", first,
         f"<= {TARGET_FIRST_CALL_SECONDS}", first <= TARGET_FIRST_CALL_SECONDS,
         f"import of the plugin {largest['fresh_process']['import_seconds']:.3f} s apart")
     status = largest["cli"]["status_seconds"]
-    add(f"operator_cli.py status at {at} (s; issue 5)", status, f"<= {TARGET_STATUS_SECONDS}",
+    add(f"operator_cli.py status at {at} (s, first-round target)", status, f"<= {TARGET_STATUS_SECONDS}",
         status <= TARGET_STATUS_SECONDS, f"python start-up alone {report['python_startup_seconds']} s")
     for entry in (smallest, largest) if smallest is not largest else (smallest,):
         overhead = entry["overhead"]
@@ -1415,7 +1415,7 @@ def evaluate_targets(report: Dict[str, Any]) -> List[Dict[str, Any]]:
                               ("hook_and_protected_call", "pre_tool_call hook + middleware")):
             value = overhead[f"{prefix}_overhead_ratio_p50"]
             rows.append({"name": f"overhead in one process at {entry['events']:,} events, {label} "
-                                 "(p50 / floor p50; issue 5)",
+                                 "(p50 / floor p50, first-round target)",
                          "measured": value, "target": f"<= {TARGET_OVERHEAD_RATIO}",
                          "met": value <= TARGET_OVERHEAD_RATIO,
                          "note": f"{overhead[f'{prefix}_p50_ms']:.2f} ms vs floor "
@@ -1425,12 +1425,12 @@ def evaluate_targets(report: Dict[str, Any]) -> List[Dict[str, Any]]:
     python_fsyncs = max(entry["overhead"]["python_fsync_per_append"] for entry in sizes)
     if traced:
         worst = max(traced)
-        rows.append({"name": "fsyncs per append (Python os.fsync + SQLite fsync/fdatasync, strace; issue 5)",
+        rows.append({"name": "fsyncs per append (Python os.fsync + SQLite fsync/fdatasync, strace, first-round target)",
                      "measured": worst, "target": f"<= {TARGET_FSYNCS_PER_APPEND}",
                      "met": worst <= TARGET_FSYNCS_PER_APPEND,
                      "note": f"Python os.fsync alone: {python_fsyncs}; worst over traced sizes"})
     else:
-        rows.append({"name": "fsyncs per append (Python os.fsync only; strace unavailable; issue 5)",
+        rows.append({"name": "fsyncs per append (Python os.fsync only; strace unavailable, first-round target)",
                      "measured": python_fsyncs, "target": f"<= {TARGET_FSYNCS_PER_APPEND}",
                      "met": None, "note": "SQLite's own fsyncs not counted"})
     return rows
