@@ -377,14 +377,6 @@ def _hash_mismatch(seq: int) -> IntegrityError:
                           f"seq {seq}: stored hash differs from the recomputed hash", seq=seq)
 
 
-def _is_utf8(payload: bytes) -> bool:
-    try:
-        payload.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
-
-
 def _slow_row(chain: Chain, seq: int, payload: bytes, previous: bytes,
               stored_hash: Optional[bytes], full: bool) -> bytes:
     """Verify and apply one row the fast path did not take; returns its hash."""
