@@ -28,8 +28,8 @@ from .chain import Chain, PossibleReuse, extend_chain
 from .schema import (SQL_COUNT_EVENTS, SQL_INSERT_EVENT, SQL_SELECT_ALL_EVENTS, SQL_SELECT_HASH_AT,
                      SQL_SELECT_LAST_EVENT, SQL_SELECT_METADATA, SQL_SELECT_OPERATION_EVENTS,
                      SQL_SELECT_PAYLOAD_AT, SQL_SELECT_ROWS_AFTER, schema_problem)
-from .durable import (fsync_directory, fsync_file, make_durable_directories, process_alive,
-                      read_regular_file, storage_error, write_atomically)
+from .durable import (fsync_directory, fsync_file, make_durable_directories, read_regular_file,
+                      remove_files_of_dead_processes, storage_error, write_atomically)
 from .errors import IntegrityError, JournalError
 from .record import (INTENT_NAME, SCHEMA, canonical_text, checkpoint_shape_problem, decode_payload,
                      genesis_hash, is_uuid)
@@ -44,6 +44,7 @@ MAX_ARCHIVES = 100000
 # An unfinished copy: archive/copy.<pid>-<8 hex>.tmp (and SQLite's -journal beside it).
 _COPY_NAME = re.compile(r"copy\.(\d+)-[0-9a-f]{8}\.tmp")
 _COPY_SUFFIXES = ("", "-journal")
+_COPY_FILE = re.compile(_COPY_NAME.pattern + "(?:-journal)?")
 
 
 def new_copy_path(data_dir: str) -> str:
@@ -65,22 +66,9 @@ def copy_path(data_dir: str, relative: Any) -> Optional[str]:
 
 def remove_stale_copies(data_dir: str) -> list:
     """Remove unfinished copies whose process is gone (a copy runs without the
-    writer lock, so a live one is left alone); returns the names removed.
-    Never raises."""
-    removed = []
-    directory = os.path.join(data_dir, ARCHIVE_DIRECTORY)
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return removed
-    for name in names:
-        base = name[:-len("-journal")] if name.endswith("-journal") else name
-        match = _COPY_NAME.fullmatch(base)
-        if match and not process_alive(int(match.group(1))):
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join(directory, name))
-                removed.append(name)
-    return removed
+    writer lock, so a live one is left alone); returns the names removed."""
+    return remove_files_of_dead_processes(os.path.join(data_dir, ARCHIVE_DIRECTORY),
+                                          _COPY_FILE)
 
 
 def relative_name(journal_id: str) -> str:

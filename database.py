@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import sqlite3
 import threading
 import time
@@ -23,8 +24,8 @@ import uuid
 from typing import Optional
 
 from .durable import (BOUNDARY_KIND_GENESIS, TEMP_SUFFIX, file_state, fsync_directory, fsync_file,
-                      make_durable_directories, process_alive, reach_boundary, storage_error,
-                      temp_path_for)
+                      make_durable_directories, reach_boundary, remove_files_of_dead_processes,
+                      storage_error, temp_path_for)
 from . import forksafe
 from .opening import refuse_rewritable_database
 from .schema import SQL_SELECT_METADATA, SQL_SELECT_TABLES, create_schema, schema_problem
@@ -43,6 +44,9 @@ _NO_HARD_LINKS = frozenset(code for code in (getattr(errno, name, None) for name
     "EPERM", "ENOTSUP", "EOPNOTSUPP", "ENOSYS", "EMLINK", "EXDEV")) if code is not None)
 # A database under construction and the side files SQLite may give it.
 _BUILD_SUFFIXES = ("", "-journal", WAL_SUFFIX, SHM_SUFFIX)
+# Those files by name (durable.temp_path_for), the creator's pid in group 1.
+_BUILD_NAME = re.compile(re.escape(DATABASE_NAME) + r"\.(\d+)-[0-9a-f]+" + re.escape(TEMP_SUFFIX)
+                         + "(?:" + "|".join(re.escape(suffix) for suffix in _BUILD_SUFFIXES) + ")")
 
 def translate_sqlite_error(exc: sqlite3.Error, action: str) -> JournalError:
     """The one place a ``sqlite3.Error`` becomes a :class:`JournalError`."""
@@ -254,25 +258,9 @@ class Database:
             build.close()
 
     def remove_stale_build_files(self) -> list:
-        """Remove databases a dead creator left half-built (names of
-        :meth:`_create_database_file`'s temporary files whose process is gone);
-        returns the names removed.  Never raises."""
-        removed = []
-        try:
-            names = os.listdir(self.data_dir)
-        except OSError:
-            return removed
-        prefix = DATABASE_NAME + "."
-        for name in names:
-            if not name.startswith(prefix) or not any(name.endswith(TEMP_SUFFIX + suffix)
-                                                      for suffix in _BUILD_SUFFIXES):
-                continue
-            pid = name[len(prefix):].split("-", 1)[0]
-            if pid.isdigit() and not process_alive(int(pid)):
-                with contextlib.suppress(OSError):
-                    os.unlink(os.path.join(self.data_dir, name))
-                    removed.append(name)
-        return removed
+        """Remove databases a dead creator left half-built (the temporary files
+        of :meth:`_create_database_file`); returns the names removed."""
+        return remove_files_of_dead_processes(self.data_dir, _BUILD_NAME)
 
     def _quiescent_and_unwritable(self) -> bool:
         """No connection anywhere has the journal open (SQLite keeps ``-wal`` and

@@ -18,6 +18,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import secrets
 import stat
 from typing import Any, Callable, Optional
@@ -232,6 +233,25 @@ def process_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def remove_files_of_dead_processes(directory: str, pattern: "re.Pattern") -> list:
+    """Remove the files in ``directory`` whose whole name matches ``pattern``
+    and whose process -- the pattern's first group, a pid -- is gone; returns
+    the names removed.  For files written without the writer lock, whose live
+    writer must be left alone.  Never raises."""
+    removed = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        match = pattern.fullmatch(name)
+        if match and not process_alive(int(match.group(1))):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(directory, name))
+                removed.append(name)
+    return removed
 
 
 def remove_stale_temp_files(data_dir: str, targets: tuple) -> list:

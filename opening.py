@@ -20,8 +20,7 @@ from typing import Any, Optional
 
 from .durable import file_size, read_regular_file, storage_error
 from .errors import IntegrityError, short
-from .schema import (SQL_SELECT_HASH_AT, SQL_SELECT_LAST_EVENT,
-                     SQL_SELECT_METADATA, SQL_SELECT_PAYLOAD_AT, SQL_SELECT_PREVIOUS_AT)
+from .schema import SQL_SELECT_HASH_AT, SQL_SELECT_LAST_EVENT, SQL_SELECT_METADATA, SQL_SELECT_ROW
 from .record import (CHECKPOINT_NAME, DATABASE_NAME, KIND_ARCHIVED, MARKER_NAME, WAL_SUFFIX,
                      genesis_hash)
 
@@ -84,30 +83,30 @@ def _check_wal_owner(database: Any) -> None:
     if file_size(database.path + WAL_SUFFIX) <= 0:
         return
     quoted = "file:" + urllib.parse.quote(database.path)
+    checkpoint = _checkpoint_named(database)
     try:
-        main_only = _probe(database, quoted + "?mode=ro&immutable=1", None)
+        main_only = _view(database, quoted + "?mode=ro&immutable=1", None)
         if main_only is None:
             return
-        journal_id, schema, seq, _, _ = main_only
-        checkpoint = _checkpoint_named(database)
-        with_wal = _probe(database, quoted + "?mode=ro", checkpoint[1] if checkpoint else seq)
+        with_wal = _view(database, quoted + "?mode=ro", checkpoint[1] if checkpoint else None)
     except sqlite3.Error:
         # Deliberately not translated: a main file without tables yet (nothing
         # checkpointed), one being checkpointed right now, or a database the
         # real open reports on is no evidence here.
         return
-    if with_wal is None or _successor_in_wal(database, quoted, journal_id):
-        return
-    genesis = genesis_hash(journal_id, schema)
-    first_linked = _first_previous(database, quoted) in (None, genesis)
-    if with_wal[0] != journal_id:
+    journal_id = main_only["journal_id"]
+    if with_wal is None or _anchors(with_wal["first_payload"], journal_id):
+        return  # e.g. an archive switch's new journal, still only in the WAL
+    first_linked = with_wal["first_previous"] in (None, genesis_hash(journal_id,
+                                                                     main_only["schema"]))
+    if with_wal["journal_id"] != journal_id:
         stray = not first_linked
-    elif not seq and not first_linked:
+    elif not main_only["last_seq"] and not first_linked:
         stray = True
     else:
         stray = (checkpoint is not None and checkpoint[0] != journal_id
                  and checkpoint[0] == _marker_names(database)
-                 and with_wal[3] == checkpoint[2])
+                 and with_wal["hash_at"] == checkpoint[2])
     if stray:
         raise IntegrityError(
             "stray_wal",
@@ -136,51 +135,36 @@ def _marker_names(database: Any) -> Optional[str]:
         return None
 
 
-def _first_previous(database: Any, quoted: str) -> Optional[str]:
-    """``previous`` of the first event in the WAL's view (None: no event)."""
-    probe = sqlite3.connect(quoted + "?mode=ro", uri=True, isolation_level=None,
-                            timeout=database.busy_timeout)
-    try:
-        row = probe.execute(SQL_SELECT_PREVIOUS_AT, (1,)).fetchone()
-        return row[0] if row else None
-    finally:
-        probe.close()
-
-
-def _probe(database: Any, uri: str, seq: Optional[int]) -> Optional[tuple]:
-    """``(journal_id, schema, seq, hash at seq, None)`` as one read-only view
-    shows them (``seq`` None: the last event's, 0 without events; the hash
-    None where there is no such event); None without a journal id.
-    ``sqlite3.Error`` propagates."""
+def _view(database: Any, uri: str, seq: Optional[int]) -> Optional[dict]:
+    """What one read-only view of the database shows, from one snapshot:
+    ``journal_id``, ``schema``, ``last_seq`` (0 without events), ``hash_at``
+    (the hash at ``seq``, None without it), ``first_previous`` and
+    ``first_payload`` (of event 1, None without it); None without a journal
+    id.  ``sqlite3.Error`` propagates."""
     probe = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=database.busy_timeout)
     try:
-        probe.execute("BEGIN")  # every read from one snapshot
+        probe.execute("BEGIN")
         metadata = dict(probe.execute(SQL_SELECT_METADATA).fetchall())
         if "journal_id" not in metadata:
             return None
-        if seq is None:
-            seq, head = probe.execute(SQL_SELECT_LAST_EVENT).fetchone() or (0, None)
-        else:
-            row = probe.execute(SQL_SELECT_HASH_AT, (seq,)).fetchone()
-            head = row[0] if row else None
-        return metadata["journal_id"], metadata.get("schema"), seq, head, None
+        last = probe.execute(SQL_SELECT_LAST_EVENT).fetchone()
+        at = probe.execute(SQL_SELECT_HASH_AT, (seq,)).fetchone() if seq else None
+        first = probe.execute(SQL_SELECT_ROW, (1,)).fetchone()
+        return {"journal_id": metadata["journal_id"], "schema": metadata.get("schema"),
+                "last_seq": last[0] if last else 0, "hash_at": at[0] if at else None,
+                "first_payload": first[0] if first else None,
+                "first_previous": first[1] if first else None}
     finally:
         probe.close()
 
 
-def _successor_in_wal(database: Any, quoted: str, sealed_journal_id: str) -> bool:
-    """After an archive switch the new journal may live only in the WAL until
-    the next checkpoint: its first event then anchors the journal the main
-    file still names (docs/format.md §Archives).  Not a stray WAL."""
+def _anchors(payload: Any, sealed_journal_id: str) -> bool:
+    """Whether ``payload`` (event 1's text) is an archive anchor of the
+    journal ``sealed_journal_id`` (docs/format.md §Archives): after a switch
+    the new journal may live only in the WAL until the next checkpoint."""
     try:
-        probe = sqlite3.connect(quoted + "?mode=ro", uri=True, isolation_level=None,
-                                timeout=database.busy_timeout)
-        try:
-            row = probe.execute(SQL_SELECT_PAYLOAD_AT, (1,)).fetchone()
-        finally:
-            probe.close()
-        first = json.loads(row[0]) if row else None
-    except (sqlite3.Error, ValueError):
+        first = json.loads(payload) if isinstance(payload, str) else None
+    except (ValueError, RecursionError):
         return False
     return (isinstance(first, dict) and first.get("kind") == KIND_ARCHIVED
             and isinstance(first.get("archive"), dict)

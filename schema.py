@@ -56,7 +56,6 @@ SQL_SELECT_JOURNAL_ID = "SELECT value FROM metadata WHERE key = 'journal_id'"
 SQL_SELECT_METADATA = "SELECT key, value FROM metadata"
 SQL_SELECT_HASH_AT = "SELECT hash FROM events WHERE seq = ?"
 SQL_SELECT_LAST_EVENT = "SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1"
-SQL_SELECT_PREVIOUS_AT = "SELECT previous FROM events WHERE seq = ?"
 SQL_COUNT_EVENTS = "SELECT count(*) FROM events"
 # An archive switch empties the live tables inside its transaction (triggers dropped
 # first, re-created with the new journal's metadata).
