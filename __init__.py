@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import host
 from .guard import RecoveryGuard
+from .host import hermes
 from .operator_cli import hermes_command_handler, setup_hermes_command
 
-PLUGIN_NAME = host.PLUGIN_NAME
+PLUGIN_NAME = hermes.PLUGIN_NAME
 TOOLSET = "crash_recovery"
 COMMAND_NAME = "crash-recovery"
 
@@ -43,9 +43,9 @@ def register(ctx: Any) -> None:
     """Hermes entry point: the ``tool_execution`` middleware, the
     ``pre_tool_call`` hook, the two read-only inspection tools, and -- where the
     host has them -- ``hermes crash-recovery ...`` and ``/crash-recovery``."""
-    settings = host.settings_reader(ctx)
-    guard = RecoveryGuard(host.resolve_data_dir, settings=settings,
-                          command_prefix=host.command_prefix)
+    settings = hermes.settings_reader(ctx)
+    guard = RecoveryGuard(hermes.resolve_data_dir, settings=settings,
+                          command_prefix=hermes.command_prefix)
     ctx.register_middleware("tool_execution", guard.tool_execution)
     ctx.register_hook("pre_tool_call", guard.pre_tool_call)
     for schema, handler in ((STATUS_SCHEMA, guard.status_tool), (VERIFY_SCHEMA, guard.verify_tool)):
@@ -55,12 +55,12 @@ def register(ctx: Any) -> None:
     if callable(register_cli_command):
         register_cli_command(COMMAND_NAME, "Inspect and settle the crash-recovery journal",
                              setup_hermes_command,
-                             hermes_command_handler(host.resolve_data_dir, host.command_prefix,
+                             hermes_command_handler(hermes.resolve_data_dir, hermes.command_prefix,
                                                     settings),
                              description="The operator commands of docs/cli.md, on the active "
                                          "profile's data directory (respects -p / HERMES_HOME).")
     register_command = getattr(ctx, "register_command", None)
     if callable(register_command):
-        register_command(COMMAND_NAME, host.slash_command(guard.status_report),
+        register_command(COMMAND_NAME, hermes.slash_command(guard.status_report),
                          description="crash-recovery status: gate, unresolved operations, the "
                                      "command that settles each (read-only)")

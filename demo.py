@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import runpy
 import shutil
 import signal
 import sqlite3
@@ -77,9 +78,8 @@ class BookingService:
 def run_worker(role: str, directory: str) -> int:
     """One agent process: call a protected tool through the guard, print the
     tool result as JSON on stdout."""
-    sys.path.insert(0, HERE)
-    from standalone import load_module
-    RecoveryGuard = load_module("guard").RecoveryGuard
+    checkout = runpy.run_path(os.path.join(HERE, "host", "standalone.py"))
+    RecoveryGuard = checkout["load_module"]("guard").RecoveryGuard
 
     service = BookingService(os.path.join(directory, "service.sqlite3"))
     guard = RecoveryGuard(os.path.join(directory, "profile", "plugin-data", "crash-recovery"))

@@ -34,15 +34,15 @@ import time
 import uuid
 from typing import Any, Callable, Optional
 
-from . import report
-from .binding import ADMISSION, Admission, live_admission, same_call
+from .admission.binding import ADMISSION, Admission, live_admission, same_call
+from .admission.gate import Gate, Refusal
 from .classify import is_error_response
-from .durable import reach_boundary
-from .errors import AdmissionRefused, EncodingError, JournalError
-from .gate import Gate, Refusal
 from .journal import NO_RESPONSE_HASH, Journal
-from .owner import probe_lock
-from .record import fingerprint, value_hash
+from .reports.messages import RECORD_FAILED_ERROR, command_line, in_flight_explanation
+from .storage.durable import reach_boundary
+from .storage.errors import AdmissionRefused, EncodingError, JournalError
+from .storage.owner import probe_lock
+from .storage.record import fingerprint, value_hash
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +55,8 @@ class RecoveryGuard(Gate):
     :class:`settings.Settings`, or a zero-argument callable returning the
     mapping (read at first use; an exception is a settings problem).
     ``command_prefix``: a zero-argument callable returning the words that run
-    the operator commands (:func:`report.hermes_prefix` inside Hermes); default
+    the operator commands (:func:`reports.messages.hermes_prefix` inside Hermes);
+    default
     the stand-alone ``operator_cli.py --data-dir DIR``.
     Keyword arguments named like settings (``read_only_tools``,
     ``protected_tools``, ``busy_timeout``, ``full_verification``, ...) override
@@ -63,6 +64,8 @@ class RecoveryGuard(Gate):
 
     Public entry points never raise ``Exception`` before downstream runs.
     """
+
+    journal_class = Journal
 
     # ------------------------------------------------------------ identity --
 
@@ -185,7 +188,7 @@ class RecoveryGuard(Gate):
             running = [current.view()] if current is not None else []
             return self._blocked(Refusal(
                 "operation_in_flight",
-                report.in_flight_explanation(tool_name, running, nested=False), running))
+                in_flight_explanation(tool_name, running, nested=False), running))
         admission: Optional[Admission] = None
         token = None
         # One finally for everything from here on: an interrupt at any point
@@ -312,7 +315,7 @@ class RecoveryGuard(Gate):
                 logger.warning("crash-recovery: operation %s (%s) returned (%s) after an operator "
                                "had resolved it; the late outcome is recorded and needs an "
                                "operator's acknowledgement (see: %s)", operation_id, tool_name,
-                               reason, report.command_line(self._prefix() or (), "show",
+                               reason, command_line(self._prefix() or (), "show",
                                                            operation_id))
                 return None
             if uncertain:
@@ -320,7 +323,7 @@ class RecoveryGuard(Gate):
                 logger.warning("crash-recovery: operation %s (%s) is uncertain (%s): protected "
                                "calls are refused until a person settles it (see: %s)",
                                operation_id, tool_name, reason,
-                               report.command_line(self._prefix() or (), "show", operation_id))
+                               command_line(self._prefix() or (), "show", operation_id))
             return None
         except Exception as exc:
             code = exc.code if isinstance(exc, JournalError) else type(exc).__name__
@@ -329,7 +332,7 @@ class RecoveryGuard(Gate):
                              "process refuses all protected calls until it restarts and an "
                              "operator settles the operation.")
             logger.error("crash-recovery: %s", self.poisoned)
-            return json.dumps({"error": report.RECORD_FAILED_ERROR, "outcome_unknown": True,
+            return json.dumps({"error": RECORD_FAILED_ERROR, "outcome_unknown": True,
                                "operation_id": operation_id, "tool": tool_name, "code": code,
                                "explanation": self.poisoned}, sort_keys=True)
 

@@ -36,18 +36,16 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
-from . import archive
-from .chain import Chain, JournalStatus, Operation, operation_from_started, operation_key
-from .database import DEFAULT_BUSY_TIMEOUT_SECONDS
-from .durable import reach_boundary
-from .errors import AdmissionRefused, IntegrityError, JournalUnavailable
-from .record import (LOST_TOOL, OUTCOMES, STATE_PENDING, checkpoint_shape_problem, genesis_hash,
-                     optional_text, value_hash)
-from .store import JournalStore
+from .storage import archive
+from .storage.chain import Chain, JournalStatus, Operation, operation_from_started, operation_key
+from .storage.database import DEFAULT_BUSY_TIMEOUT_SECONDS
+from .storage.durable import reach_boundary
+from .storage.errors import AdmissionRefused, IntegrityError, JournalUnavailable
+from .storage.record import (LOST_TOOL, OUTCOMES, STATE_PENDING, checkpoint_shape_problem,
+                             genesis_hash, optional_text, value_hash)
+from .storage.snapshot import DEFAULT_FULL_VERIFICATION_INTERVAL_SECONDS
+from .storage.store import JournalStore
 
-# Seconds between full verifications of a long-running process: a raw byte edit
-# hidden behind another process's commits is found within this time.
-DEFAULT_FULL_VERIFICATION_INTERVAL_SECONDS = 600.0
 # SQLite integers are 64-bit.
 SQLITE_MAX_INTEGER = 2**63 - 1
 # result_hash, fingerprint and args_hash when there is nothing to hash.

@@ -19,20 +19,23 @@ command changes nothing on disk.
 """
 if __name__ == "__main__" and not __package__:  # `python operator_cli.py` in a checkout
     import os
+    import runpy
     import sys
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from standalone import load_module
-    sys.exit(load_module("operator_cli").run())
+    _checkout = runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                            "host", "standalone.py"))
+    sys.exit(_checkout["load_module"]("operator_cli").run())
 
 import argparse
 import os
 import sys
 from typing import Any, Callable, Iterator, Optional, Sequence
 
-from .commands import COMMANDS, ERROR_HINTS, CommandError
-from .errors import AdmissionRefused, JournalError
-from .report import GATE_CLOSED, json_text, log_text_lines, prometheus_text, render_text
-from .settings import parse_settings
+from .admission.settings import parse_settings
+from .journal import Journal
+from .reconciliation.commands import COMMANDS, ERROR_HINTS, CommandError
+from .reports.render import json_text, log_text_lines, render_text
+from .reports.status import GATE_CLOSED, prometheus_text
+from .storage.errors import AdmissionRefused, JournalError
 
 EXIT_OK, EXIT_ERROR, EXIT_ATTENTION = 0, 1, 3
 FORMATS = ("json", "text", "prometheus")
@@ -171,7 +174,7 @@ def execute(args: argparse.Namespace, data_dir_default: Callable[[], str],
         if output_format == "prometheus" and command != "status":
             raise CommandError("usage", "--format prometheus is for status only")
         data_dir = os.path.abspath(args.data_dir or data_dir_default())
-        result = COMMANDS[command](args, data_dir)
+        result = COMMANDS[command](args, data_dir, Journal)
         exit_code = EXIT_OK
     except CommandError as exc:
         result, exit_code = {"ok": False, "error": {"code": exc.code, "message": exc.message,

@@ -332,13 +332,36 @@ def scenario_cancelled(home: Path, checks: CheckList) -> None:
                  counts=service_counts(service))
 
 
+def scripted_conversation(home: Path, checks: "CheckList", turns: List[Dict[str, Any]],
+                          prompt: str, *, session_id: str, enabled: List[str],
+                          entries: Optional[Dict[str, Any]] = None,
+                          max_iterations: int = 6) -> Dict[str, str]:
+    """One real ``AIAgent.run_conversation`` against a scripted provider on
+    127.0.0.1 (the profile written with ``enabled`` plugins and ``entries``):
+    checks the registrations and that the conversation finished; returns the
+    tool messages the provider received, by tool-call id."""
+    from mock_provider import ScriptedProvider
+    with ScriptedProvider(turns, timeout_seconds=90) as provider:
+        evidence.write_profile(home, base_url=provider.base_url, enabled=enabled,
+                               **({"entries": entries} if entries else {}))
+        check_registrations(checks, "user")
+        from run_agent import AIAgent
+        agent = AIAgent(base_url=provider.base_url, api_key="sk-mock", provider="custom",
+                        model="mock-model", quiet_mode=True, skip_context_files=True,
+                        skip_memory=True, max_iterations=max_iterations, session_id=session_id)
+        outcome = agent.run_conversation(prompt)
+        messages = {m["tool_call_id"]: str(m["content"]) for m in provider.tool_messages()}
+    checks.check("conversation_finished", outcome.get("final_response") == "done",
+                 final=outcome.get("final_response"), messages=messages)
+    return messages
+
+
 def scenario_concurrent(home: Path, checks: CheckList) -> None:
     """Two protected calls in one assistant message (Hermes' concurrent executor,
     which enters the execution middleware twice, nested, per call), then two
     exempt read_file calls, driven by AIAgent.run_conversation. The probe's
     handler holds the admitted call open until the sibling has left the
     execution chain, so the two calls always overlap."""
-    from mock_provider import ScriptedProvider
     probe_log = Path(os.environ["HOST_PROBE_LOG"])
     first, second = home / "first.txt", home / "second.txt"
     first.write_text("alpha-41\n", encoding="utf-8")
@@ -352,19 +375,10 @@ def scenario_concurrent(home: Path, checks: CheckList) -> None:
             {"id": "call_read_2", "name": "read_file", "arguments": {"path": str(second)}}]},
         {"text": "done"},
     ]
-    with ScriptedProvider(turns, timeout_seconds=90) as provider:
-        evidence.write_profile(home, base_url=provider.base_url,
-                               enabled=[BOOKING, PLUGIN_NAME, PROBE],
-                               entries={PROBE: {"allow_tool_override": True}})
-        check_registrations(checks, "user")
-        from run_agent import AIAgent
-        agent = AIAgent(base_url=provider.base_url, api_key="sk-mock", provider="custom",
-                        model="mock-model", quiet_mode=True, skip_context_files=True,
-                        skip_memory=True, max_iterations=6, session_id="session-concurrent")
-        outcome = agent.run_conversation("Fetch both pages, then read both files.")
-        messages = {m["tool_call_id"]: m["content"] for m in provider.tool_messages()}
-    checks.check("conversation_finished", outcome.get("final_response") == "done",
-                 final=outcome.get("final_response"))
+    messages = scripted_conversation(home, checks, turns, "Fetch both pages, then read both files.",
+                                     session_id="session-concurrent",
+                                     enabled=[BOOKING, PLUGIN_NAME, PROBE],
+                                     entries={PROBE: {"allow_tool_override": True}})
     web_ids = ["call_web_1", "call_web_2"]
     admitted = [i for i in web_ids if "probe page" in str(messages.get(i, ""))]
     refused = [i for i in web_ids if blocked_document(str(messages.get(i, ""))) is not None]

@@ -529,15 +529,9 @@ class CrashModel:
                 buffer = contents.setdefault(op.inode, bytearray())
                 del buffer[op.size:]
                 buffer.extend(bytes(op.size - len(buffer)))
-            elif op.kind == "creat":
-                names[op.path] = op.inode
-                contents.setdefault(op.inode, bytearray())
-            elif op.kind == "rename":
-                if names.get(op.source) == op.inode:
+            elif op.kind in ("creat", "rename", "link"):  # a name for the inode
+                if op.kind == "rename" and names.get(op.source) == op.inode:
                     del names[op.source]
-                names[op.path] = op.inode
-                contents.setdefault(op.inode, bytearray())
-            elif op.kind == "link":
                 names[op.path] = op.inode
                 contents.setdefault(op.inode, bytearray())
             elif op.kind == "unlink":

@@ -139,15 +139,15 @@ def command_help(command: str) -> str:
 
 def _product():
     """Load this checkout as the package ``crash_recovery``; return (guard, durable)."""
-    sys.path.insert(0, REPO)
-    from standalone import load_module
-    return load_module("guard"), load_module("durable")
+    sys.path.insert(0, TESTS)
+    from checkout import load_module
+    return load_module("guard"), load_module("storage.durable")
 
 
 def _binding():
     """The product's admission binding module (loaded like :func:`_product`)."""
-    from standalone import load_module
-    return load_module("binding")
+    from checkout import load_module
+    return load_module("admission.binding")
 
 
 class Progress:
@@ -335,8 +335,8 @@ def serve() -> int:
     """The checker: one JSON request per stdin line, ``{"steps": [...]}``, each
     step ``{"cli": [argv...]}`` or ``{"probe": DATA_DIR, "marker": PATH}``; one
     JSON list of results per stdout line."""
-    sys.path.insert(0, REPO)
-    from standalone import load_module
+    sys.path.insert(0, TESTS)
+    from checkout import load_module
     modules = {"operator_cli": load_module("operator_cli"), "guard": load_module("guard")}
     for line in sys.stdin:
         request = json.loads(line)

@@ -39,10 +39,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import support  # noqa: E402,F401  (loads this checkout as the package crash_recovery)
-from crash_recovery import durable  # noqa: E402
-from crash_recovery.binding import ADMISSION  # noqa: E402
+from crash_recovery.storage import durable  # noqa: E402
+from crash_recovery.admission.binding import ADMISSION  # noqa: E402
 from crash_recovery.guard import RecoveryGuard  # noqa: E402
-from crash_recovery.errors import JournalError  # noqa: E402
+from crash_recovery.storage.errors import JournalError  # noqa: E402
 from crash_recovery.journal import Journal  # noqa: E402
 
 EXPECTED_REFUSALS = {"operation_in_flight", "unresolved_operations"}

@@ -1,7 +1,7 @@
 """Shared test support: the package, temp data dirs, the CLI, journal checks.
 
 Importing this module loads the checkout as the package ``crash_recovery`` (see
-``standalone.py``), so tests import ``crash_recovery.journal`` and friends.
+``host/standalone.py``, via tests/checkout.py), so tests import ``crash_recovery.journal`` and friends.
 
 Every journal a test writes should end with :meth:`JournalTestCase.assertVerifies`:
 ``tests/journal_reference.py`` (a second reading of docs/format.md that never
@@ -38,7 +38,7 @@ for _path in (REPO, TESTS):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-from standalone import load_package  # noqa: E402
+from checkout import load_package  # noqa: E402
 
 load_package()
 

@@ -27,7 +27,7 @@ from reliability_support import ReliabilityCase
 from support import reference, run_cli
 
 from crash_recovery.guard import RecoveryGuard
-from crash_recovery.settings import parse_settings
+from crash_recovery.admission.settings import parse_settings
 
 DEAD_PID = "999999999"
 
@@ -261,7 +261,7 @@ class ReadersDoNotCostWarmWorkers(ReliabilityCase):
     def test_a_status_from_another_process_needs_no_full_verification(self):
         # As root, SQLite fchowns the WAL when a connection opens it (a new
         # ctime); that alone must not look like an edit to a warm worker.
-        from crash_recovery import store
+        from crash_recovery.storage import store
         guard = RecoveryGuard(self.data_dir)
         self.addCleanup(guard.close)
         book(guard, "a")

@@ -192,7 +192,7 @@ ARCHIVER = textwrap.dedent("""
     import os, signal, sys
     sys.path.insert(0, {tests!r})
     import support
-    from crash_recovery import durable
+    from crash_recovery.storage import durable
     from crash_recovery.journal import Journal
     data_dir, wanted = sys.argv[1], tuple(sys.argv[2].split(":"))
 

@@ -21,7 +21,7 @@ from support import OPERATOR_CLI, run_cli, reference
 
 from crash_recovery.classify import is_error_response
 from crash_recovery.guard import NO_RESPONSE_HASH, RecoveryGuard
-from crash_recovery.record import value_hash
+from crash_recovery.storage.record import value_hash
 
 TEN_MB = 10 * 1024 * 1024
 

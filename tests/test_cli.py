@@ -284,7 +284,7 @@ class HermesPrefixTests(JournalTestCase):
     def test_every_named_profile_is_explicit(self):
         # `-p default` too: a sticky `hermes profile use NAME` would otherwise
         # run the printed command in NAME.
-        from crash_recovery import report
+        from crash_recovery.reports import messages as report
         self.assertEqual(report.hermes_prefix("default"), ("hermes", "-p", "default", "crash-recovery"))
         self.assertEqual(report.hermes_prefix("work"), ("hermes", "-p", "work", "crash-recovery"))
         self.assertEqual(report.hermes_prefix("custom"), ("hermes", "crash-recovery"))

@@ -19,7 +19,7 @@ import unittest
 from reliability_support import ReliabilityCase
 
 import stress
-from crash_recovery.binding import ADMISSION
+from crash_recovery.admission.binding import ADMISSION
 from crash_recovery.guard import RecoveryGuard
 
 THREADS = 8

@@ -14,9 +14,9 @@ import unittest
 
 from support import JournalTestCase
 
-from crash_recovery import record
+from crash_recovery.storage import record
 from crash_recovery.guard import NO_RESPONSE_HASH, RecoveryGuard
-from crash_recovery.errors import EncodingError
+from crash_recovery.storage.errors import EncodingError
 
 JOURNAL_ID = "123e4567-e89b-42d3-a456-426614174000"
 SCHEMA = "hermes.crash-recovery.v1"

@@ -29,9 +29,9 @@ import unittest
 from unittest import mock
 
 from reliability_support import ReliabilityCase, logical_snapshot
-from support import REPO, reference
+from support import REPO, TESTS, reference
 
-from crash_recovery import durable, snapshot
+from crash_recovery.storage import durable, snapshot
 from crash_recovery.guard import RecoveryGuard
 
 REAL_CONNECT = sqlite3.connect
@@ -375,8 +375,8 @@ class Environments(ReliabilityCase):
         guard.close()
         probe = textwrap.dedent(f"""
             import json, sys
-            sys.path.insert(0, {REPO!r})
-            from standalone import load_module
+            sys.path.insert(0, {TESTS!r})
+            from checkout import load_module
             RecoveryGuard = load_module("guard").RecoveryGuard
             out = {{}}
             for name in ("fresh", "existing"):

@@ -26,7 +26,7 @@ from support import REPO, reference, run_cli
 
 from crash_recovery.guard import RecoveryGuard
 from crash_recovery.journal import Journal
-from crash_recovery.owner import probe_lock
+from crash_recovery.storage.owner import probe_lock
 
 BULK_JOURNAL = os.path.join(REPO, "bench", "bulk_journal.py")
 TIMEOUT_SECONDS = 60
@@ -68,7 +68,7 @@ LIVE_WORKER = textwrap.dedent("""
     import json, os, sys
     sys.path.insert(0, {tests!r})
     import support
-    from crash_recovery import durable
+    from crash_recovery.storage import durable
     from crash_recovery.guard import RecoveryGuard
     data_dir, service = sys.argv[1], sys.argv[2]
     guard = RecoveryGuard(data_dir)

@@ -14,13 +14,14 @@ import threading
 import unittest
 from unittest import mock
 
-from support import REPO, JournalTestCase, run_cli, reference
+from support import REPO, TESTS, JournalTestCase, run_cli, reference
 
-from crash_recovery import binding, guard as guard_module
+from crash_recovery.admission import binding
+from crash_recovery import guard as guard_module
 from crash_recovery.guard import RecoveryGuard
-from crash_recovery.settings import INSPECTION_TOOLS
-from crash_recovery.errors import JournalUnavailable
-from crash_recovery.record import value_hash
+from crash_recovery.admission.settings import INSPECTION_TOOLS
+from crash_recovery.storage.errors import JournalUnavailable
+from crash_recovery.storage.record import value_hash
 
 BOOKING = {"to": "LIS", "date": "2026-12-24", "passengers": 2}
 BLOCKED_KEYS = {"error", "blocked", "code", "explanation", "operation_ids", "operations",
@@ -219,8 +220,8 @@ class ExecutionContractTests(GuardTestCase):
 
     def test_process_death_leaves_pending(self):
         script = ("import os, signal, sys\n"
-                  f"sys.path.insert(0, {REPO!r})\n"
-                  "from standalone import load_module\n"
+                  f"sys.path.insert(0, {TESTS!r})\n"
+                  "from checkout import load_module\n"
                   "RecoveryGuard = load_module('guard').RecoveryGuard\n"
                   "def die():\n"
                   "    os.kill(os.getpid(), signal.SIGKILL)\n"

@@ -123,8 +123,8 @@ class PlantedFiles(HardeningCase):
 
     SCRIPT = textwrap.dedent("""
         import json, sys
-        sys.path.insert(0, {repo!r})
-        from standalone import load_module
+        sys.path.insert(0, {repo!r} + "/tests")
+        from checkout import load_module
         RecoveryGuard = load_module("guard").RecoveryGuard
         guard = RecoveryGuard({data_dir!r}, busy_timeout=1)
         hook = guard.pre_tool_call(tool_name="t", args={{}}, session_id="s", tool_call_id="c")
@@ -351,7 +351,7 @@ class InterruptAfterAdmission(HardeningCase):
     def test_interrupt_before_the_binding_releases_everything(self):
         from unittest import mock
         from crash_recovery import guard as guard_module
-        from crash_recovery.owner import probe_owner
+        from crash_recovery.storage.owner import probe_owner
         guard = RecoveryGuard(self.data_dir)
         downstream = Downstream()
         with mock.patch.object(guard_module, "Admission", side_effect=KeyboardInterrupt):

@@ -16,11 +16,11 @@ import sys
 import unittest
 import uuid
 
-from support import REPO, JournalTestCase, reference
+from support import REPO, TESTS, JournalTestCase, reference
 
-from crash_recovery import record
+from crash_recovery.storage import record
 from crash_recovery.guard import RecoveryGuard
-from crash_recovery.errors import AdmissionRefused, IntegrityError, JournalError, JournalUnavailable
+from crash_recovery.storage.errors import AdmissionRefused, IntegrityError, JournalError, JournalUnavailable
 from crash_recovery.journal import Journal
 
 HASH_A = "a" * 64
@@ -295,9 +295,9 @@ class BlockingStatesTests(JournalTestCase):
         # A real crash: the process SIGKILLs itself right after os.replace of
         # head.json, before COMMIT (an in-process exception would be rolled back).
         script = ("import os, signal, sys, uuid\n"
-                  f"sys.path.insert(0, {REPO!r})\n"
-                  "from standalone import load_package; load_package()\n"
-                  "from crash_recovery import durable, journal\n"
+                  f"sys.path.insert(0, {TESTS!r})\n"
+                  "from checkout import load_package; load_package()\n"
+                  "from crash_recovery import journal\nfrom crash_recovery.storage import durable\n"
                   "def hook(boundary, kind):\n"
                   "    if boundary == 'checkpoint_replaced' and kind == 'started':\n"
                   "        os.kill(os.getpid(), signal.SIGKILL)\n"
@@ -635,7 +635,7 @@ class FastPathParityTests(JournalTestCase):
                                                                    reason="returned"), started
 
     def verdict(self, disable_fast_path):
-        from crash_recovery import chain
+        from crash_recovery.storage import chain
         never = __import__("re").compile(b"(?!)")
         patches = ({"_STARTED": never, "_RETURNED": never, "_UNCERTAIN": never}
                    if disable_fast_path else {})
@@ -667,7 +667,7 @@ class FastPathParityTests(JournalTestCase):
                 self.assertEqual(fast[0] == "ok", reference.verify(self.data_dir).ok,
                                  (fast, reference.verify(self.data_dir).errors))
         # The layouts are really taken: every "as written" payload matches one.
-        from crash_recovery import chain
+        from crash_recovery.storage import chain
         self.assertIsNotNone(chain._STARTED.fullmatch(self.started_text().encode()))
         self.assertIsNotNone(chain._RETURNED.fullmatch(self.outcome_text().encode()))
         self.assertIsNotNone(chain._UNCERTAIN.fullmatch(self.outcome_text("uncertain").encode()))

@@ -41,9 +41,9 @@ SIGKILL_EXIT = -signal.SIGKILL
 #            operator_cli.main resolving OPERATION_ID.
 CHILD_PROGRAM = r'''
 import json, os, signal, sys
-sys.path.insert(0, sys.argv[1])
-from standalone import load_package; load_package()
-from crash_recovery import durable
+sys.path.insert(0, sys.argv[1] + "/tests")
+from checkout import load_package; load_package()
+from crash_recovery.storage import durable
 from crash_recovery.guard import RecoveryGuard
 
 mode, data_dir = sys.argv[2], sys.argv[3]

@@ -20,7 +20,9 @@ from unittest import mock
 
 from support import JournalTestCase, run_cli
 
-from crash_recovery import commands, database, durable, operator_cli
+from crash_recovery.reconciliation import commands
+from crash_recovery.storage import database, durable
+from crash_recovery import operator_cli
 from crash_recovery.guard import RecoveryGuard
 from crash_recovery.journal import Journal
 

@@ -20,6 +20,10 @@ PACKAGE = "hermes_plugins.crash_recovery"
 TOOL_NAMES = ("crash_recovery_status", "crash_recovery_verify")
 # What Hermes needs to load a directory plugin, plus the modules it imports.
 PLUGIN_FILES = ("plugin.yaml", *sorted(name for name in os.listdir(REPO) if name.endswith(".py")))
+# The runtime's layers: every folder of the plugin that is a Python package.
+PLUGIN_FOLDERS = tuple(sorted(name for name in os.listdir(REPO)
+                              if os.path.isfile(os.path.join(REPO, name, "__init__.py"))
+                              and name != "tests"))
 
 
 class StubContext:
@@ -118,13 +122,15 @@ class RegisterTests(JournalTestCase):
 
     def test_relative_imports_resolve_inside_the_package(self):
         self.assertEqual(self.plugin.__name__, PACKAGE)
-        for submodule in ("guard", "journal", "classify", "owner", "report"):
+        for submodule in ("guard", "journal", "classify", "storage.owner", "reports.messages",
+                          "admission.gate", "reconciliation.commands", "host.hermes"):
             self.assertIn(f"{PACKAGE}.{submodule}", sys.modules)
         self.assertEqual(self.plugin.RecoveryGuard.__module__, f"{PACKAGE}.guard")
         guard_module = sys.modules[f"{PACKAGE}.guard"]
         self.assertEqual(guard_module.Journal.__module__, f"{PACKAGE}.journal")
         self.assertEqual(guard_module.is_error_response.__module__, f"{PACKAGE}.classify")
-        self.assertEqual(guard_module.report.__name__, f"{PACKAGE}.report")
+        self.assertEqual(guard_module.command_line.__module__, f"{PACKAGE}.reports.messages")
+        self.assertEqual(guard_module.Gate.__module__, f"{PACKAGE}.admission.gate")
 
     def test_registers_exactly_middleware_hook_and_two_tools(self):
         calls = self.registered(StubContext())
@@ -282,6 +288,9 @@ class InstalledLayoutTests(unittest.TestCase):
         os.makedirs(plugin_dir)
         for name in PLUGIN_FILES:
             shutil.copy(os.path.join(REPO, name), plugin_dir)
+        for name in PLUGIN_FOLDERS:
+            shutil.copytree(os.path.join(REPO, name), os.path.join(plugin_dir, name),
+                            ignore=shutil.ignore_patterns("__pycache__"))
         home = os.path.join(root, "home")
         script = f"""
 import importlib.util, json, os, sys, types
@@ -308,7 +317,8 @@ before = sorted(os.listdir({home!r}))
 result = calls[0][2](tool_name="book_trip", args={{"to": "LIS"}}, next_call=lambda: "booked",
                      session_id="s", tool_call_id="c")
 print(json.dumps({{"registered": [c[:2] for c in calls], "before": before, "result": result,
-                  "modules": sorted(m for m in sys.modules if m in ("guard", "journal", "report",
+                  "modules": sorted(m for m in sys.modules if m in ("guard", "journal", "storage", "admission",
+                                                                    "reports", "host", "reconciliation",
                                                                     "classify", "owner", "record",
                                                                     "chain", "durable", "database",
                                                                     "errors", "crash_recovery"))}}))

@@ -31,11 +31,12 @@ from unittest import mock
 from reliability_support import ReliabilityCase
 from support import REPO, TESTS, reference, run_cli
 
-from crash_recovery import durable, guard as guard_module
-from crash_recovery.database import Database
+from crash_recovery.storage import durable
+from crash_recovery import guard as guard_module
+from crash_recovery.storage.database import Database
 from crash_recovery.guard import RecoveryGuard
 from crash_recovery.journal import Journal
-from crash_recovery.owner import probe_lock
+from crash_recovery.storage.owner import probe_lock
 
 TIMEOUT_SECONDS = 60
 REAL_CONNECT = sqlite3.connect
@@ -99,7 +100,7 @@ class ForeignSchemaObjects(ReliabilityCase):
         self.addCleanup(guard.close)
         call(guard, Tool(), "c1")
         reference.execute_sql(self.data_dir, "SELECT 1")  # drops every trigger, edits nothing
-        with self.assertLogs("crash_recovery.store", "WARNING") as logged:
+        with self.assertLogs("crash_recovery.storage.store", "WARNING") as logged:
             self.assertEqual(call(guard, Tool(), "c2"), '{"status": "booked"}')
         self.assertIn("re-created", logged.output[0])
         with sqlite3.connect(os.path.join(self.data_dir, "journal.sqlite3")) as connection:
@@ -249,7 +250,7 @@ STALLING_WORKER = textwrap.dedent("""
     import json, os, sys, time
     sys.path.insert(0, {tests!r})
     import support
-    from crash_recovery import durable
+    from crash_recovery.storage import durable
     from crash_recovery.guard import RecoveryGuard
     data_dir, signal_file = sys.argv[1], sys.argv[2]
 

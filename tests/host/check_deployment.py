@@ -44,8 +44,8 @@ sys.path.insert(0, str(HOST_DIR))
 sys.path.insert(0, str(TESTS_DIR))
 
 import evidence  # noqa: E402  (tests/host, standard library only)
-from check_host import (BOOKING, PROBE, CheckerRun, CheckList, booked, check_registrations,
-                        checker_main,  # noqa: E402
+from check_host import (BOOKING, PROBE, CheckerRun, CheckList, booked, check_registrations,  # noqa: E402
+                        checker_main, scripted_conversation,
                         events_of, hermes_call)
 from evidence import (BOOKING_PLUGIN_DIR, OPERATOR_CLI, PLUGIN_NAME, PROBE_PLUGIN_DIR,  # noqa: E402
                       blocked_document, data_dir_of, kinds, service_counts)
@@ -303,7 +303,6 @@ def scenario_relay(home: Path, checks: CheckList) -> None:
     Hermes' log), the next book_trip is refused, and the model is sent the
     blocked text naming ``hermes -p work crash-recovery``. Then /crash-recovery
     through Hermes' plugin-command registry."""
-    from mock_provider import ScriptedProvider
     prefix = f"hermes -p {PROFILE} crash-recovery"
     turns = [
         {"tool_calls": [{"id": "call_fail", "name": "book_trip",
@@ -312,17 +311,8 @@ def scenario_relay(home: Path, checks: CheckList) -> None:
                          "arguments": {"traveler": "Cy", "destination": "Paris"}}]},
         {"text": "done"},
     ]
-    with ScriptedProvider(turns, timeout_seconds=90) as provider:
-        evidence.write_profile(home, base_url=provider.base_url, enabled=[BOOKING, PLUGIN_NAME])
-        check_registrations(checks, "user")
-        from run_agent import AIAgent
-        agent = AIAgent(base_url=provider.base_url, api_key="sk-mock", provider="custom",
-                        model="mock-model", quiet_mode=True, skip_context_files=True,
-                        skip_memory=True, max_iterations=6, session_id="session-relay")
-        outcome = agent.run_conversation("Book a trip for Bob, then one for Cy.")
-        messages = {m["tool_call_id"]: m["content"] for m in provider.tool_messages()}
-    checks.check("conversation_finished", outcome.get("final_response") == "done",
-                 final=outcome.get("final_response"))
+    messages = scripted_conversation(home, checks, turns, "Book a trip for Bob, then one for Cy.",
+                                     session_id="session-relay", enabled=[BOOKING, PLUGIN_NAME])
     events = events_of(home)
     operation_id = events[0]["operation_id"] if events else None
     checks.check("failure_uncertain", kinds(events) == ["started", "uncertain"], events=events)
@@ -404,7 +394,6 @@ def scenario_reentry(home: Path, checks: CheckList) -> None:
        bridge while execute_code runs;
     4. ``book_trip``: nothing that never ran keeps the profile blocked.
     """
-    from mock_provider import ScriptedProvider
     probe_log = Path(os.environ["HOST_PROBE_LOG"])
     first, second = home / "first.txt", home / "second.txt"
     first.write_text("alpha-51\n", encoding="utf-8")
@@ -425,20 +414,11 @@ def scenario_reentry(home: Path, checks: CheckList) -> None:
                          "arguments": {"traveler": "Ada", "destination": "Lisbon"}}]},
         {"text": "done"},
     ]
-    with ScriptedProvider(turns, timeout_seconds=90) as provider:
-        evidence.write_profile(
-            home, base_url=provider.base_url, enabled=[BOOKING, PLUGIN_NAME, PROBE],
-            entries={PROBE: {"allow_tool_override": True},
-                     PLUGIN_NAME: {"settings": {"read_only_tools": ["lookup_receipt"]}}})
-        check_registrations(checks, "user")
-        from run_agent import AIAgent
-        agent = AIAgent(base_url=provider.base_url, api_key="sk-mock", provider="custom",
-                        model="mock-model", quiet_mode=True, skip_context_files=True,
-                        skip_memory=True, max_iterations=8, session_id="session-reentry")
-        outcome = agent.run_conversation("Fetch, read, run the script, then book.")
-        messages = {m["tool_call_id"]: str(m["content"]) for m in provider.tool_messages()}
-    checks.check("conversation_finished", outcome.get("final_response") == "done",
-                 final=outcome.get("final_response"), messages=messages)
+    messages = scripted_conversation(
+        home, checks, turns, "Fetch, read, run the script, then book.",
+        session_id="session-reentry", enabled=[BOOKING, PLUGIN_NAME, PROBE], max_iterations=8,
+        entries={PROBE: {"allow_tool_override": True},
+                 PLUGIN_NAME: {"settings": {"read_only_tools": ["lookup_receipt"]}}})
     records = [json.loads(line) for line in probe_log.read_text().splitlines()] \
         if probe_log.exists() else []
     events = events_of(home)

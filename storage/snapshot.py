@@ -32,6 +32,10 @@ from .schema import SQL_SELECT_HASH_AT, SQL_SELECT_ROWS_AFTER
 READ_RETRY_ATTEMPTS = 20
 READ_RETRY_PAUSE_SECONDS = 0.02
 
+# Seconds between full verifications of a long-running process: a raw byte edit
+# hidden behind another process's commits is found within this time.
+DEFAULT_FULL_VERIFICATION_INTERVAL_SECONDS = 600.0
+
 
 class VerifiedSnapshots:
     """The verified chain of one data directory, read without the writer lock.

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
 from .errors import IntegrityError
-from .record import (KIND_ARCHIVED, REASONS, SCHEMA, STATE_PENDING, STATE_UNCERTAIN,
-                     canonical_text, checkpoint_of, decode_payload, event_hash, payload_problem)
+from .record import (KIND_ARCHIVED, REASONS, SCHEMA, STATE_PENDING, STATE_UNCERTAIN, canonical_text,
+                     checkpoint_of, decode_payload, event_hash, payload_problem)
 
 _DIGEST_MASK = (1 << 64) - 1
 # SeenIds spreads digests over this many buckets (a power of two): a bucket stays

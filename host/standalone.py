@@ -1,12 +1,14 @@
-"""Run the plugin's files as scripts from a checkout (``python operator_cli.py``).
+"""The stand-alone host: run the plugin's files as scripts from a checkout
+(``python operator_cli.py``, ``python demo.py``).
 
 Every module of crash-recovery uses relative imports: inside Hermes the
-directory is the package ``hermes_plugins.crash_recovery``, after ``pip
+plugin directory is the package ``hermes_plugins.crash_recovery``, after ``pip
 install`` it is ``crash_recovery``.  A file run directly from a checkout has no
-package, so the scripts call :func:`load_package` first: it imports this
-directory as the package ``crash_recovery`` (whatever the directory is called,
-e.g. ``crash-recovery``) and returns it.  Standard library only; imports
-nothing of ours.
+package, so the scripts load this file by path (``runpy.run_path``, which puts
+nothing on ``sys.path``) and call :func:`load_package` or :func:`load_module`:
+they import the plugin directory -- this folder's parent -- as the package
+``crash_recovery`` (whatever the directory is called, e.g.
+``crash-recovery``).  Standard library only; imports nothing of ours.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import sys
 from types import ModuleType
 
 PACKAGE_NAME = "crash_recovery"
-DIRECTORY = os.path.dirname(os.path.abspath(__file__))
+DIRECTORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def load_package() -> ModuleType:
@@ -36,6 +38,7 @@ def load_package() -> ModuleType:
 
 
 def load_module(name: str) -> ModuleType:
-    """``crash_recovery.<name>`` from this checkout, e.g. ``load_module("guard")``."""
+    """``crash_recovery.<name>`` from this checkout, e.g. ``load_module("guard")``
+    or ``load_module("storage.record")``."""
     load_package()
     return importlib.import_module(f"{PACKAGE_NAME}.{name}")

@@ -25,14 +25,14 @@ import urllib.parse
 from typing import Any, Iterator, Optional
 
 from .chain import Chain, PossibleReuse, extend_chain
-from .schema import (SQL_COUNT_EVENTS, SQL_INSERT_EVENT, SQL_SELECT_ALL_EVENTS, SQL_SELECT_HASH_AT,
-                     SQL_SELECT_LAST_EVENT, SQL_SELECT_METADATA, SQL_SELECT_OPERATION_EVENTS,
-                     SQL_SELECT_PAYLOAD_AT, SQL_SELECT_ROWS_AFTER, schema_problem)
 from .durable import (fsync_directory, fsync_file, make_durable_directories, read_regular_file,
                       remove_files_of_dead_processes, storage_error, write_atomically)
 from .errors import IntegrityError, JournalError
 from .record import (INTENT_NAME, SCHEMA, canonical_text, checkpoint_shape_problem, decode_payload,
                      genesis_hash, is_uuid)
+from .schema import (SQL_COUNT_EVENTS, SQL_INSERT_EVENT, SQL_SELECT_ALL_EVENTS, SQL_SELECT_HASH_AT,
+                     SQL_SELECT_LAST_EVENT, SQL_SELECT_METADATA, SQL_SELECT_OPERATION_EVENTS,
+                     SQL_SELECT_PAYLOAD_AT, SQL_SELECT_ROWS_AFTER, schema_problem)
 
 ARCHIVE_DIRECTORY = "archive"
 ARCHIVE_SUFFIX = ".sqlite3"

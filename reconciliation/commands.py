@@ -1,8 +1,10 @@
 """The operator commands: inspect, export, settle and repair the journal
 (docs/cli.md).
 
-Each ``command_*`` function takes the parsed arguments and the data directory
-and returns one JSON-safe result dict, or raises :class:`CommandError` /
+Each ``command_*`` function takes the parsed arguments, the data directory
+and the journal class to open it with (``journal.Journal``, passed by the
+operator CLI: this side sits below the top-level journal and never imports
+it), and returns one JSON-safe result dict, or raises :class:`CommandError` /
 :class:`errors.JournalError`.  A command that fails changes nothing on disk.
 ``status``, ``show``, ``log``, ``verify`` and ``checkpoint`` open the database
 read-only and never create a journal, marker or checkpoint.  Every ``resolve``
@@ -19,14 +21,17 @@ import socket
 import stat
 import time
 import uuid
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
-from . import report
-from .durable import fsync_directory, open_regular_file, read_regular_file
-from .errors import AdmissionRefused, JournalError
-from .journal import Journal
-from .owner import OWNER_RUNNING, probe_lock, probe_owner
-from .record import CHECKPOINT_NAME, canonical_text
+from ..reports.messages import iso_utc, operation_view
+from ..reports.status import status_report
+from ..storage.durable import fsync_directory, open_regular_file, read_regular_file
+from ..storage.errors import AdmissionRefused, JournalError
+from ..storage.owner import OWNER_RUNNING, probe_lock, probe_owner
+from ..storage.record import CHECKPOINT_NAME, canonical_text
+
+# journal.Journal: Journal(data_dir, readonly=..., create=...) is a context manager.
+JournalClass = Callable[..., Any]
 
 OPERATOR_LOG_NAME = "operator.log"
 # Evidence is stored verbatim in the journal forever; 64 KiB holds any receipt
@@ -165,7 +170,7 @@ def _log_action(data_dir: str, action: str, result: dict, **entry: Any) -> None:
     """Append one ``operator.log`` line (docs/cli.md §operator.log); a failure
     is reported in ``result`` (the journal event is the source of truth)."""
     problem = _append_operator_log(data_dir, {
-        "time": report.iso_utc(time.time_ns()), "action": action,
+        "time": iso_utc(time.time_ns()), "action": action,
         "operator": operator_identity(), **entry})
     if problem:
         result["operator_log_error"] = problem
@@ -184,12 +189,12 @@ def _lost_event(unresolved: tuple, lost: Optional[str]) -> str:
 
 # ----------------------------------------------------------------- commands --
 
-def command_status(args: argparse.Namespace, data_dir: str) -> dict:
+def command_status(args: argparse.Namespace, data_dir: str, journal_class: JournalClass) -> dict:
     """``status``: integrity, the gate, every unresolved operation and every
     late outcome needing attention (docs/cli.md §status).  No journal at all is
     ``journal_absent``: a mistyped --data-dir must never read as all clear."""
-    with Journal(data_dir, readonly=True) as journal:
-        result = report.status_report(journal, data_dir)
+    with journal_class(data_dir, readonly=True) as journal:
+        result = status_report(journal, data_dir)
     if not result["ok"]:
         details = {key: value for key, value in result["error"].items()
                    if key not in ("code", "message")}
@@ -198,10 +203,10 @@ def command_status(args: argparse.Namespace, data_dir: str) -> dict:
     return result
 
 
-def command_show(args: argparse.Namespace, data_dir: str) -> dict:
+def command_show(args: argparse.Namespace, data_dir: str, journal_class: JournalClass) -> dict:
     """``show OP``: one operation's state and its whole verified history."""
     operation_id = _operation_id(args.operation_id)
-    with Journal(data_dir, readonly=True) as journal:
+    with journal_class(data_dir, readonly=True) as journal:
         status, events = journal.history(operation_id=operation_id)
         history = [dict(payload, seq=seq) for seq, payload in events]
         archived = None
@@ -216,7 +221,7 @@ def command_show(args: argparse.Namespace, data_dir: str) -> dict:
     shown = {operation.operation_id: operation for operation in (*status.unresolved,
                                                                   *status.attention)}
     if operation_id in shown:
-        operation = report.operation_view(shown[operation_id], data_dir,
+        operation = operation_view(shown[operation_id], data_dir,
                                           with_owner=operation_id not in
                                           {op.operation_id for op in status.attention})
     else:
@@ -228,23 +233,23 @@ def command_show(args: argparse.Namespace, data_dir: str) -> dict:
                      "tool_call_id": started.get("tool_call_id"),
                      "args_hash": started.get("args_hash"),
                      "fingerprint": started.get("fingerprint"),
-                     "started_at": report.iso_utc(started["timestamp_ns"]),
+                     "started_at": iso_utc(started["timestamp_ns"]),
                      "reason": next((event.get("reason") for event in reversed(history)
                                      if event["kind"] in ("returned", "uncertain")), None),
                      "outcome": next((event.get("outcome") for event in reversed(history)
                                       if event["kind"] == "resolved"), None),
                      "owner": None}
     for event in history:
-        event["at"] = report.iso_utc(event["timestamp_ns"])
+        event["at"] = iso_utc(event["timestamp_ns"])
     return {"ok": True, "integrity": "ok", "data_dir": data_dir, "operation": operation,
             "archive": archived, "events": history}
 
 
-def command_log(args: argparse.Namespace, data_dir: str) -> dict:
+def command_log(args: argparse.Namespace, data_dir: str, journal_class: JournalClass) -> dict:
     """``log [--since SEQ] [--jsonl]``: a verified export of events with seq >
     SINCE.  ``events`` is a lazy iterator that the caller prints as it goes
     (the journal stays open until then): constant memory for any length."""
-    journal = Journal(data_dir, readonly=True)
+    journal = journal_class(data_dir, readonly=True)
     try:
         status, events = journal.history(since=args.since)
     except BaseException:
@@ -266,12 +271,12 @@ def command_log(args: argparse.Namespace, data_dir: str) -> dict:
             "events": exported()}
 
 
-def command_verify(args: argparse.Namespace, data_dir: str) -> dict:
+def command_verify(args: argparse.Namespace, data_dir: str, journal_class: JournalClass) -> dict:
     """``verify [--checkpoint FILE]``: full verification, optional ancestor
     check, past repairs."""
     external = _read_checkpoint_file(args.checkpoint) if args.checkpoint is not None else None
     archives = None
-    with Journal(data_dir, readonly=True, create=False) as journal:
+    with journal_class(data_dir, readonly=True, create=False) as journal:
         status = journal.verify(external)
         if args.all:
             archives = journal.verify_all()["archives"]
@@ -284,13 +289,13 @@ def command_verify(args: argparse.Namespace, data_dir: str) -> dict:
             "archives_verified": archives, "repairs": repairs}
 
 
-def command_checkpoint(args: argparse.Namespace, data_dir: str) -> dict:
+def command_checkpoint(args: argparse.Namespace, data_dir: str, journal_class: JournalClass) -> dict:
     """``checkpoint``: the current checkpoint dict exactly (to keep elsewhere)."""
-    with Journal(data_dir, readonly=True) as journal:
+    with journal_class(data_dir, readonly=True) as journal:
         return journal.checkpoint()
 
 
-def command_resolve(args: argparse.Namespace, data_dir: str) -> dict:
+def command_resolve(args: argparse.Namespace, data_dir: str, journal_class: JournalClass) -> dict:
     """``resolve OP``: append ``resolved``; refuses a running owner without --force."""
     operation_id = _operation_id(args.operation_id)
     evidence = _evidence(args.evidence)
@@ -302,7 +307,7 @@ def command_resolve(args: argparse.Namespace, data_dir: str) -> dict:
             "outcome is not final yet. Stop every worker of this profile first, or pass "
             "--force with evidence that says why", owner=owner)
     forced = bool(args.force and owner["owner"] == OWNER_RUNNING)
-    with Journal(data_dir, create=False) as journal:
+    with journal_class(data_dir, create=False) as journal:
         resolution = journal.resolve(operation_id, outcome=args.outcome, evidence=evidence,
                                      operator=operator_identity(), forced=forced)
     previous = resolution.operation
@@ -316,12 +321,12 @@ def command_resolve(args: argparse.Namespace, data_dir: str) -> dict:
     return result
 
 
-def command_acknowledge(args: argparse.Namespace, data_dir: str) -> dict:
+def command_acknowledge(args: argparse.Namespace, data_dir: str, journal_class: JournalClass) -> dict:
     """``acknowledge OP``: an operator has seen a late outcome (docs/cli.md
     §acknowledge); the operation stops needing attention."""
     operation_id = _operation_id(args.operation_id)
     evidence = _evidence(args.evidence)
-    with Journal(data_dir, create=False) as journal:
+    with journal_class(data_dir, create=False) as journal:
         resolution = journal.acknowledge(operation_id, evidence=evidence,
                                          operator=operator_identity())
     result = {"ok": True, "integrity": "ok", "data_dir": data_dir, "acknowledged": operation_id,
@@ -334,18 +339,18 @@ def command_acknowledge(args: argparse.Namespace, data_dir: str) -> dict:
     return result
 
 
-def command_repair(args: argparse.Namespace, data_dir: str) -> dict:
+def command_repair(args: argparse.Namespace, data_dir: str, journal_class: JournalClass) -> dict:
     """``repair-checkpoint``: clear checkpoint_ahead, never opening the gate
     for an operation whose tool may have run."""
     evidence = _evidence(args.evidence)
-    with Journal(data_dir, create=False) as journal:
+    with journal_class(data_dir, create=False) as journal:
         before, after, lost = journal.repair_checkpoint()
         unresolved = journal.status().unresolved
     lost_event = _lost_event(unresolved, lost)
     result = {"ok": True, "integrity": "ok", "data_dir": data_dir, "repaired": CHECKPOINT_NAME,
               "checkpoint_before": before, "checkpoint_after": after, "lost_event": lost_event,
               "lost_operation": lost,
-              "unresolved": [report.operation_view(operation, data_dir)
+              "unresolved": [operation_view(operation, data_dir)
                              for operation in unresolved]}
     _log_action(data_dir, "repair-checkpoint", result, evidence=evidence,
                 checkpoint_before=before, checkpoint_after=after, lost_event=lost_event,
@@ -353,7 +358,7 @@ def command_repair(args: argparse.Namespace, data_dir: str) -> dict:
     return result
 
 
-def command_archive(args: argparse.Namespace, data_dir: str) -> dict:
+def command_archive(args: argparse.Namespace, data_dir: str, journal_class: JournalClass) -> dict:
     """``archive``: seal the live history into a read-only archive file and
     start a new segment anchored to it (docs/cli.md §archive).  Refused while an
     operation is open, a late outcome awaits acknowledgement, or a protected
@@ -363,7 +368,7 @@ def command_archive(args: argparse.Namespace, data_dir: str) -> dict:
         raise CommandError("owner_running", f"a protected call is running (pid "
                            f"{holder.get('pid')}, operation {holder.get('operation_id')}); "
                            "archive when it has finished", owner=holder)
-    with Journal(data_dir, create=False) as journal:
+    with journal_class(data_dir, create=False) as journal:
         sealed = journal.archive()
     result = {"ok": True, "integrity": "ok", "data_dir": data_dir, **sealed}
     _log_action(data_dir, "archive", result, archived=sealed["archived"],

@@ -19,16 +19,19 @@ import threading
 import time
 from typing import Any, Callable, Optional, Sequence, Union
 
-from . import forksafe, report
+from ..reports.messages import (blocked_result, command_line, in_flight_explanation,
+                                integrity_explanation, operation_view, standalone_prefix,
+                                unresolved_explanation)
+from ..reports.status import GATE_CLOSED, status_report
+from ..storage import forksafe
+from ..storage.errors import AdmissionRefused, JournalError, JournalUnavailable
+from ..storage.owner import OWNER_RUNNING, OwnerLock
 from .binding import Admission, live_admission, same_call
-from .errors import AdmissionRefused, JournalError, JournalUnavailable
-from .journal import Journal
-from .owner import OWNER_RUNNING, OwnerLock
 from .settings import KNOWN_KEYS, Settings, parse_settings
 
 # The guard's logger ("crash_recovery.guard", "hermes_plugins.crash_recovery.guard" inside
 # Hermes): every WARNING an operator alerts on comes from one name.
-logger = logging.getLogger(__name__.rsplit(".", 1)[0] + ".guard")
+logger = logging.getLogger(__name__.rsplit(".", 2)[0] + ".guard")
 
 # Refusals are logged at most once per operation (or code) in this many seconds.
 REFUSAL_LOG_INTERVAL_SECONDS = 60.0
@@ -52,7 +55,13 @@ class Gate:
     """Settings, the journal at first use, refusals and inspection for one
     profile; the base of :class:`guard.RecoveryGuard` (its docstring lists the
     constructor's arguments).  Methods here never run a tool and never raise
-    ``Exception`` from a public entry point."""
+    ``Exception`` from a public entry point.
+
+    ``journal_class`` is the journal it opens (``journal.Journal``, set by
+    the subclass): the admission side sits below the top-level journal and
+    never imports it."""
+
+    journal_class: Callable[..., Any]
 
     def __init__(self, data_dir: PathSource, *, settings: Any = None,
                  command_prefix: Optional[Callable[[], Sequence[str]]] = None,
@@ -65,7 +74,7 @@ class Gate:
         self._library_settings = library_settings
         self._command_prefix_source = command_prefix
         self._settings: Optional[Settings] = None
-        self._journal: Optional[Journal] = None
+        self._journal: Any = None  # a journal_class instance, opened at first use
         self._owner: Optional[OwnerLock] = None
         self._current: Optional[Admission] = None  # the call in flight in this process
         self._forked_during: Optional[str] = None  # in a forked child: the parent's call
@@ -136,7 +145,7 @@ class Gate:
                             f"the data directory could not be resolved ({type(exc).__name__}: "
                             f"{exc})") from None
                     self._owner = OwnerLock(directory)
-                    self._journal = Journal(
+                    self._journal = self.journal_class(
                         directory, busy_timeout=settings.busy_timeout,
                         full_verification=settings.full_verification,
                         full_verification_interval=settings.full_verification_interval)
@@ -148,14 +157,14 @@ class Gate:
             if self._command_prefix_source is not None:
                 return tuple(self._command_prefix_source())
             journal = self._journal
-            return report.standalone_prefix(journal.data_dir) if journal is not None else None
+            return standalone_prefix(journal.data_dir) if journal is not None else None
         except Exception:
             return None
 
     def _refusal_from(self, error: JournalError) -> Refusal:
         if error.code == "unresolved_operations":
             return self._open_operations_refusal(error.details["operations"], None)
-        return Refusal(error.code, report.integrity_explanation(error, self._prefix()))
+        return Refusal(error.code, integrity_explanation(error, self._prefix()))
 
     def _open_operations_refusal(self, operations: Sequence[Any], identity: Optional[tuple],
                                  tool_name: str = "this tool") -> Refusal:
@@ -164,7 +173,7 @@ class Gate:
         live call runs (wait), else ``unresolved_operations`` (a person must
         settle an unknown outcome)."""
         journal = self._journal
-        views = [report.operation_view(operation, journal.data_dir) for operation in operations]
+        views = [operation_view(operation, journal.data_dir) for operation in operations]
         current = self._current
         running = [view for view in views if view["state"] == "pending" and (
             view["owner"] == OWNER_RUNNING
@@ -179,7 +188,7 @@ class Gate:
                       or (binding is not None
                           and running[0]["operation_id"] == binding.operation_id))
             code = "nested_call" if nested else "operation_in_flight"
-            return Refusal(code, report.in_flight_explanation(tool_name, running, nested=nested),
+            return Refusal(code, in_flight_explanation(tool_name, running, nested=nested),
                             running)
         unknown = [view for view in views if view not in running]
         for view in unknown:  # e.g. found pending after a restart: once per process
@@ -187,12 +196,12 @@ class Gate:
                             "%s (%s) is %s: its outcome is unknown, and protected calls are "
                             "refused until a person settles it (see: %s)", view["operation_id"],
                             view["tool"], view["state"],
-                            report.command_line(self._prefix() or (), "show",
+                            command_line(self._prefix() or (), "show",
                                                 view["operation_id"]))
         return Refusal("unresolved_operations",
-                        report.unresolved_explanation(unknown, self._prefix()), unknown)
+                        unresolved_explanation(unknown, self._prefix()), unknown)
 
-    def _check_gate(self, journal: Journal, identity: Optional[tuple] = None) -> None:
+    def _check_gate(self, journal: Any, identity: Optional[tuple] = None) -> None:
         """Verify the journal; raise :class:`Refusal` if it fails or any
         operation is open.  With ``identity``, the operation this context has
         admitted for exactly that call is not counted (the hook's binding)."""
@@ -212,7 +221,7 @@ class Gate:
         self._warn_once(f"refused:{refusal.code}:{','.join(op['operation_id'] for op in refusal.operations)}",
                         REFUSAL_LOG_INTERVAL_SECONDS, "crash-recovery: refused a protected call "
                         "(%s): %s", refusal.code, refusal.explanation)
-        return report.blocked_result(refusal.code, refusal.explanation, prefix=self._prefix(),
+        return blocked_result(refusal.code, refusal.explanation, prefix=self._prefix(),
                                      operations=refusal.operations)
 
     def _warn_once(self, key: str, interval: Optional[float], message: str, *args: Any) -> None:
@@ -239,12 +248,12 @@ class Gate:
         try:
             journal, _ = self._open()
         except JournalError as exc:
-            return {"ok": False, "integrity": exc.code, "gate": report.GATE_CLOSED,
+            return {"ok": False, "integrity": exc.code, "gate": GATE_CLOSED,
                     "error": exc.to_json(), "unresolved": [], "settings": settings.to_json()}
-        result = report.status_report(journal, journal.data_dir)
+        result = status_report(journal, journal.data_dir)
         result["settings"] = settings.to_json()
         if self.poisoned:
-            result.update(ok=False, gate=report.GATE_CLOSED, poisoned=self.poisoned)
+            result.update(ok=False, gate=GATE_CLOSED, poisoned=self.poisoned)
         return result
 
     def verify_report(self, checkpoint: Any = None) -> dict:
@@ -254,7 +263,7 @@ class Gate:
             journal, _ = self._open()
             # A fresh read-only connection: the worker's own connection may keep
             # pages cached that were edited on disk behind SQLite's back.
-            with Journal(journal.data_dir, readonly=True) as fresh:
+            with self.journal_class(journal.data_dir, readonly=True) as fresh:
                 status = fresh.verify(checkpoint)
         except AdmissionRefused as exc:  # a malformed checkpoint; the journal verified
             return {"ok": False, "integrity": "ok", "error": exc.to_json()}

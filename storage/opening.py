@@ -20,9 +20,9 @@ from typing import Any, Optional
 
 from .durable import file_size, read_regular_file, storage_error
 from .errors import IntegrityError, short
-from .schema import SQL_SELECT_HASH_AT, SQL_SELECT_LAST_EVENT, SQL_SELECT_METADATA, SQL_SELECT_ROW
 from .record import (CHECKPOINT_NAME, DATABASE_NAME, KIND_ARCHIVED, MARKER_NAME, WAL_SUFFIX,
                      genesis_hash)
+from .schema import SQL_SELECT_HASH_AT, SQL_SELECT_LAST_EVENT, SQL_SELECT_METADATA, SQL_SELECT_ROW
 
 # The first 16 bytes of every SQLite 3 database file.
 SQLITE_FILE_HEADER = b"SQLite format 3\x00"

@@ -18,9 +18,10 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from . import report
-from .errors import JournalError
-from .settings import KNOWN_KEYS
+from ..admission.settings import KNOWN_KEYS
+from ..reports.messages import command_line, describe_age, hermes_prefix
+from ..reports.status import GATE_CLOSED, operation_waits_for_a_person
+from ..storage.errors import JournalError
 
 PLUGIN_NAME = "crash-recovery"
 
@@ -95,7 +96,7 @@ def profile_name() -> Optional[str]:
 def command_prefix() -> tuple:
     """``hermes [-p PROFILE] crash-recovery``: how an operator runs the commands
     in this profile."""
-    return report.hermes_prefix(profile_name())
+    return hermes_prefix(profile_name())
 
 
 def slash_command(status_report: Callable[[], dict]) -> Callable[[str], str]:
@@ -117,10 +118,10 @@ def summary_text(status: dict, prefix: tuple) -> str:
         error = status.get("error") or {}
         lines.append(f"crash-recovery: gate CLOSED -- the journal cannot be used "
                      f"({status.get('integrity')}: {error.get('message', status.get('poisoned'))}).")
-        lines.append(f"Inspect: {report.command_line(prefix, 'verify')}")
-    elif status.get("gate") == report.GATE_CLOSED:
+        lines.append(f"Inspect: {command_line(prefix, 'verify')}")
+    elif status.get("gate") == GATE_CLOSED:
         waiting = [operation for operation in status.get("unresolved") or []
-                   if report.operation_waits_for_a_person(operation)]
+                   if operation_waits_for_a_person(operation)]
         lines.append(f"crash-recovery: gate CLOSED -- {len(waiting)} protected "
                      "call(s) with an unknown outcome block every protected tool in this profile:")
         for operation in waiting:
@@ -129,8 +130,8 @@ def summary_text(status: dict, prefix: tuple) -> str:
             reason = f", {operation['reason']}" if operation.get("reason") else ""
             lines.append(f"- {operation['operation_id']} {operation['tool']}: "
                          f"{operation['state']}{reason}, started "
-                         f"{report.describe_age(operation['age_seconds'])} ago, {worker}")
-            lines.append("  settle it: " + report.command_line(
+                         f"{describe_age(operation['age_seconds'])} ago, {worker}")
+            lines.append("  settle it: " + command_line(
                 prefix, "resolve", operation["operation_id"], "--outcome",
                 "<completed|not_applied>", "--evidence", "<what you checked>"))
     else:
@@ -141,7 +142,7 @@ def summary_text(status: dict, prefix: tuple) -> str:
     for operation in status.get("attention") or []:
         lines.append(f"! {operation['operation_id']} {operation['tool']} returned "
                      f"({operation.get('late_reason')}) after it was resolved: check it, then "
-                     + report.command_line(prefix, "acknowledge", operation["operation_id"],
+                     + command_line(prefix, "acknowledge", operation["operation_id"],
                                            "--evidence", "<what you did>"))
     problem = (status.get("settings") or {}).get("problem")
     if problem:

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from . import report
+from ..reports.messages import iso_utc
 
 
 @dataclass
@@ -38,7 +38,7 @@ class Admission:
     def view(self) -> dict:
         """The running operation as a refusal shows it."""
         return {"operation_id": self.operation_id, "tool": self.identity[0], "state": "pending",
-                "started_at": report.iso_utc(self.started_ns),
+                "started_at": iso_utc(self.started_ns),
                 "age_seconds": round(max(0, time.time_ns() - self.started_ns) / 1e9, 3)}
 
 

@@ -28,17 +28,16 @@ from . import forksafe
 from . import archive
 from .chain import Chain, PossibleReuse, apply_event
 from .database import Database, translate_sqlite_error
-from .snapshot import VerifiedSnapshots
-from .schema import (SQL_COUNT_EVENTS, SQL_DROP_TRIGGER, SQL_EMPTY_EVENTS, SQL_EMPTY_METADATA,
-                     SQL_INSERT_EVENT, SQL_SELECT_EVENTS_BETWEEN,
-                     SQL_SELECT_HASH_AT, SQL_SELECT_JOURNAL_ID, SQL_SELECT_OPERATION_EVENTS,
-                     SQL_SELECT_PAYLOAD_AT, SQL_SELECT_RAW_ROWS_BETWEEN, SQL_SELECT_ROW,
-                     SQL_VACUUM, TRIGGERS,
-                     create_schema_rows, create_triggers)
 from .durable import BOUNDARY_KIND_GENESIS, BOUNDARY_KIND_MARKER, DurableFiles, reach_boundary
 from .errors import AdmissionRefused, IntegrityError, JournalError, JournalUnavailable
-from .record import (KIND_ARCHIVED, SCHEMA, canonical_text, decode_payload,
-                     event_hash, genesis_hash, payload_problem)
+from .record import (KIND_ARCHIVED, SCHEMA, canonical_text, decode_payload, event_hash,
+                     genesis_hash, payload_problem)
+from .schema import (SQL_COUNT_EVENTS, SQL_DROP_TRIGGER, SQL_EMPTY_EVENTS, SQL_EMPTY_METADATA,
+                     SQL_INSERT_EVENT, SQL_SELECT_EVENTS_BETWEEN, SQL_SELECT_HASH_AT,
+                     SQL_SELECT_JOURNAL_ID, SQL_SELECT_OPERATION_EVENTS, SQL_SELECT_PAYLOAD_AT,
+                     SQL_SELECT_RAW_ROWS_BETWEEN, SQL_SELECT_ROW, SQL_VACUUM, TRIGGERS,
+                     create_schema_rows, create_triggers)
+from .snapshot import VerifiedSnapshots
 
 logger = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from .database import DEFAULT_BUSY_TIMEOUT_SECONDS
-from .journal import DEFAULT_FULL_VERIFICATION_INTERVAL_SECONDS
+from ..storage.database import DEFAULT_BUSY_TIMEOUT_SECONDS
+from ..storage.snapshot import DEFAULT_FULL_VERIFICATION_INTERVAL_SECONDS
 
 # Exempt by default in the read-only-tools mode; a configured list replaces them.
 DEFAULT_READ_ONLY_TOOLS = ("read_file", "search_files")

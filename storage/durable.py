@@ -235,23 +235,31 @@ def process_alive(pid: int) -> bool:
     return True
 
 
-def remove_files_of_dead_processes(directory: str, pattern: "re.Pattern") -> list:
-    """Remove the files in ``directory`` whose whole name matches ``pattern``
-    and whose process -- the pattern's first group, a pid -- is gone; returns
-    the names removed.  For files written without the writer lock, whose live
-    writer must be left alone.  Never raises."""
+def _remove_files(directory: str, doomed: Callable[[str], bool]) -> list:
+    """Unlink every file in ``directory`` whose name ``doomed`` accepts;
+    returns the names removed.  Never raises."""
     removed = []
     try:
         names = os.listdir(directory)
     except OSError:
         return removed
     for name in names:
-        match = pattern.fullmatch(name)
-        if match and not process_alive(int(match.group(1))):
+        if doomed(name):
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(directory, name))
                 removed.append(name)
     return removed
+
+
+def remove_files_of_dead_processes(directory: str, pattern: "re.Pattern") -> list:
+    """Remove the files in ``directory`` whose whole name matches ``pattern``
+    and whose process -- the pattern's first group, a pid -- is gone; returns
+    the names removed.  For files written without the writer lock, whose live
+    writer must be left alone.  Never raises."""
+    def dead(name: str) -> bool:
+        match = pattern.fullmatch(name)
+        return bool(match) and not process_alive(int(match.group(1)))
+    return _remove_files(directory, dead)
 
 
 def remove_stale_temp_files(data_dir: str, targets: tuple) -> list:
@@ -259,17 +267,8 @@ def remove_stale_temp_files(data_dir: str, targets: tuple) -> list:
     returns the names removed.  Only call it holding the writer lock: every
     writer of those files holds it, so any temp file present is a dead
     writer's.  Never raises."""
-    removed = []
-    try:
-        names = os.listdir(data_dir)
-    except OSError:
-        return removed
-    for name in names:
-        if name.endswith(TEMP_SUFFIX) and any(name.startswith(target + ".") for target in targets):
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join(data_dir, name))
-                removed.append(name)
-    return removed
+    return _remove_files(data_dir, lambda name: name.endswith(TEMP_SUFFIX) and any(
+        name.startswith(target + ".") for target in targets))
 
 
 # ------------------------------------------------------ head.json and marker --

@@ -23,15 +23,15 @@ import urllib.parse
 import uuid
 from typing import Optional
 
+from . import forksafe
 from .durable import (BOUNDARY_KIND_GENESIS, TEMP_SUFFIX, file_state, fsync_directory, fsync_file,
                       make_durable_directories, reach_boundary, remove_files_of_dead_processes,
                       storage_error, temp_path_for)
-from . import forksafe
-from .opening import refuse_rewritable_database
-from .schema import SQL_SELECT_METADATA, SQL_SELECT_TABLES, create_schema, schema_problem
 from .errors import IntegrityError, JournalError, JournalUnavailable, short
+from .opening import refuse_rewritable_database
 from .record import (CHECKPOINT_NAME, DATABASE_NAME, MARKER_NAME, SCHEMA, SHM_SUFFIX, WAL_SUFFIX,
                      is_uuid)
+from .schema import SQL_SELECT_METADATA, SQL_SELECT_TABLES, create_schema, schema_problem
 
 # Seconds a writer waits for SQLite's writer lock before the call is refused.
 # Admissions hold the lock for milliseconds, so waiting longer only delays a refusal.

@@ -1,0 +1,189 @@
+"""Terminal output of the operator commands: JSON safe for a terminal, text
+tables for ``status``, ``show`` and ``log`` (docs/cli.md §Output).
+"""
+from __future__ import annotations
+
+import json
+import unicodedata
+from typing import Any, Iterator, Optional, Sequence
+
+from ..storage.owner import OWNER_RUNNING
+from .messages import command_line, describe_age, iso_utc, standalone_prefix
+from .status import GATE_BUSY
+
+
+# ------------------------------------------------------------- terminal output --
+
+# Characters that would break a table row: newlines, tabs and other controls.
+# C1 controls (U+0080-U+009F: 8-bit CSI and friends) and bidi overrides reach a
+# terminal raw even through json.dumps(ensure_ascii=False); tool names and ids
+# come from the model, so they are escaped in every output.
+_TERMINAL_UNSAFE = (*range(0x80, 0xa0), 0x200e, 0x200f, *range(0x202a, 0x202f),
+                    *range(0x2066, 0x206a))
+_JSON_ESCAPES = {code: f"\\u{code:04x}" for code in _TERMINAL_UNSAFE}
+_CONTROL_ESCAPES = {code: f"\\x{code:02x}" for code in (*range(0x20), 0x7f)}
+_CONTROL_ESCAPES.update({ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"})
+_CONTROL_ESCAPES.update(_JSON_ESCAPES)
+
+
+def json_text(document: Any, indent: Optional[int]) -> str:
+    """JSON for a terminal: readable non-ASCII text, terminal controls as
+    ``\\uXXXX`` escapes (valid JSON: they can only occur inside strings)."""
+    return json.dumps(document, ensure_ascii=False, sort_keys=True,
+                      indent=indent).translate(_JSON_ESCAPES)
+
+
+def _cell(value: Any) -> str:
+    """One table cell: ``-`` for nothing, control characters escaped."""
+    return "-" if value is None or value == "" else str(value).translate(_CONTROL_ESCAPES)
+
+
+def _display_width(text: str) -> int:
+    """Terminal columns of ``text``: wide (CJK) characters take two, combining marks none."""
+    return sum(0 if unicodedata.combining(character) else
+               2 if unicodedata.east_asian_width(character) in "WF" else 1
+               for character in text)
+
+
+def _table(rows: list, columns: Sequence[str]) -> str:
+    """Rows (dicts) under upper-case column titles, columns padded to equal
+    display width and separated by two spaces."""
+    cells = [[column.upper() for column in columns]]
+    cells += [[_cell(row.get(column)) for column in columns] for row in rows]
+    widths = [max(_display_width(line[index]) for line in cells) for index in range(len(columns))]
+    return "\n".join("  ".join(cell + " " * (width - _display_width(cell))
+                               for cell, width in zip(line, widths)).rstrip()
+                     for line in cells)
+
+
+def _error_text(result: dict) -> str:
+    error = result.get("error") or {}
+    lines = [f"error: {error.get('code')}", f"  {_cell(error.get('message'))}"]
+    lines += [f"  {key}: {_cell(json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else value)}"
+              for key, value in sorted(error.items()) if key not in ("code", "message", "hint")]
+    if "integrity" in result:
+        lines.append(f"integrity: {result['integrity']}")
+    if error.get("hint"):
+        lines.append(f"next: {error['hint']}")
+    return "\n".join(lines)
+
+
+def _owner_text(operation: dict) -> Optional[str]:
+    owner = operation.get("owner")
+    if owner == OWNER_RUNNING and operation.get("owner_pid"):
+        return f"{owner} (pid {operation['owner_pid']})"
+    return owner
+
+
+def _status_text(result: dict, header: str, prefix: Sequence[str]) -> str:
+    rows = [dict(row, age=describe_age(row["age_seconds"]), owner=_owner_text(row))
+            for row in result["unresolved"]]
+    in_flight = result.get("in_flight")
+    lines = [header, f"gate: {result.get('gate')}" + (
+        f" (a protected call is running: operation {in_flight.get('operation_id')}, pid "
+        f"{in_flight.get('pid')})" if in_flight else "")]
+    if rows and result.get("gate") == GATE_BUSY:
+        lines += [f"{len(rows)} protected call(s) running now (the worker holds the owner lock); "
+                  "others wait for it, nothing needs settling:",
+                  _table(rows, ("operation_id", "tool", "state", "started_at", "age", "owner",
+                                "session_id", "tool_call_id"))]
+    elif rows:
+        first = rows[0]["operation_id"]
+        lines += [
+            f"{len(rows)} unresolved operation(s) block every protected call in this profile:",
+            _table(rows, ("operation_id", "tool", "state", "reason", "started_at", "age",
+                          "owner", "session_id", "tool_call_id", "args_hash")),
+            "",
+            "next: stop every worker of this profile (owner must not be running), check the "
+            "real service for this call, then record what you found:",
+            "  " + command_line(prefix, "show", first),
+            "  " + command_line(prefix, "resolve", first, "--outcome", "<completed|not_applied>",
+                                "--evidence", "<what you checked>"),
+            "If you cannot establish the outcome, leave it unresolved."]
+    else:
+        lines.append("no unresolved operations: protected calls may run")
+    attention = [dict(row, age=describe_age(row["age_seconds"]))
+                 for row in result.get("attention") or []]
+    if attention:
+        lines += ["", f"{len(attention)} operation(s) returned after an operator had resolved "
+                  "them (late outcomes): check the service again, then acknowledge:",
+                  _table(attention, ("operation_id", "tool", "late_reason", "started_at", "age")),
+                  "  " + command_line(prefix, "acknowledge", attention[0]["operation_id"],
+                                      "--evidence", "<what you did>")]
+    shown = result.get("settings")
+    if shown:
+        tools = ", ".join(map(_cell, shown.get(shown.get("mode"), []))) or "-"
+        lines += ["", f"settings: mode {shown.get('mode')}: {tools}"]
+        if shown.get("problem"):
+            lines.append(f"SETTINGS PROBLEM (every tool is protected until it is fixed): "
+                         f"{_cell(shown['problem'])}")
+    return "\n".join(lines)
+
+
+def render_text(command: str, result: dict, prefix: Optional[Sequence[str]] = None) -> str:
+    """Aligned, human-readable tables for status/show/log and a readable error
+    for any failed command; other results fall back to indented JSON.
+    ``prefix``: how the operator commands are run here (default: stand-alone)."""
+    if not result.get("ok", True):
+        return _error_text(result)
+    if command not in ("status", "show", "log"):
+        return json_text(result, 2)
+    data_dir = result.get("data_dir") or ""
+    prefix = prefix or standalone_prefix(data_dir)
+    checkpoint = result.get("checkpoint") or {}
+    header = (f"integrity: {result.get('integrity')}   data dir: {data_dir}\n"
+              f"events: {checkpoint.get('count', 0)}   head: {checkpoint.get('head', '-')}")
+    if command == "status":
+        return _status_text(result, header, prefix)
+    if command == "show":
+        operation = dict(result["operation"], owner=_owner_text(result["operation"]))
+        if "age_seconds" in operation:
+            operation["age"] = describe_age(operation["age_seconds"])
+        keys = ("operation_id", "tool", "state", "reason", "outcome", "started_at", "age",
+                "owner", "session_id", "tool_call_id", "args_hash", "fingerprint")
+        width = max(map(len, keys)) + 1
+        lines = [f"{(key + ':').ljust(width)} {_cell(operation.get(key))}" for key in keys
+                 if key in operation and not (key == "owner" and operation[key] is None)]
+        return "\n".join([f"integrity: {result.get('integrity')}   data dir: {data_dir}", "",
+                          *lines, "", _table(result["events"], (
+                              "seq", "at", "kind", "reason", "outcome", "result_hash",
+                              "evidence"))])
+    return "\n".join(log_text_lines(result))
+
+
+# Column widths of the streamed `log --format text`: it cannot look ahead at a
+# million rows to size them, so long cells are cut (the JSON forms are complete).
+_LOG_COLUMNS = (("seq", 18), ("at", 20), ("kind", 12), ("operation_id", 36), ("tool", 20),
+                ("reason", 14), ("outcome", 11), ("detail", 0))
+
+
+def log_text_lines(result: dict) -> Iterator[str]:
+    """``log --format text`` line by line, as the events are read (constant
+    memory): the header, column titles, one line per event.  ``tool`` is shown
+    on ``started`` events; ``detail`` holds the evidence of a resolution or
+    acknowledgement and the anchor of an ``archived`` event.  With ``log
+    --all`` a seq is written ``<journal id prefix>:<seq>`` (each segment
+    counts from 1)."""
+    checkpoint = result.get("checkpoint") or {}
+    yield (f"integrity: {result.get('integrity')}   data dir: {result.get('data_dir') or ''}\n"
+           f"events: {checkpoint.get('count', 0)}   head: {checkpoint.get('head', '-')}")
+
+    def line(cells: Sequence[str]) -> str:
+        padded = []
+        for (_, width), cell in zip(_LOG_COLUMNS, cells):
+            if width and _display_width(cell) > width:
+                cell = cell[:width - 1] + "…"
+            padded.append(cell + " " * max(0, width - _display_width(cell)))
+        return "  ".join(padded).rstrip()
+
+    yield line([name.upper() for name, _ in _LOG_COLUMNS])
+    for event in result["events"]:
+        anchor = event.get("archive")
+        detail = (f"archive {anchor.get('file')} ({anchor.get('count')} events)"
+                  if isinstance(anchor, dict) else event.get("evidence"))
+        segment = event.get("journal_id")
+        seq = f"{segment[:8]}:{event.get('seq')}" if isinstance(segment, str) else event.get("seq")
+        yield line([_cell(seq), _cell(iso_utc(event["timestamp_ns"])),
+                    _cell(event.get("kind")), _cell(event.get("operation_id")),
+                    _cell(event.get("tool")), _cell(event.get("reason")),
+                    _cell(event.get("outcome")), _cell(detail)])
