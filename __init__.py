@@ -41,13 +41,17 @@ VERIFY_SCHEMA = {
 
 def register(ctx: Any) -> None:
     """Hermes entry point: the ``tool_execution`` middleware, the
-    ``pre_tool_call`` hook, the two read-only inspection tools, and -- where the
-    host has them -- ``hermes crash-recovery ...`` and ``/crash-recovery``."""
+    ``pre_tool_call`` and ``post_tool_call`` hooks, the two read-only
+    inspection tools, and -- where the host has them -- ``hermes
+    crash-recovery ...`` and ``/crash-recovery``."""
+    hermes.use_host_context(ctx)
     settings = hermes.settings_reader(ctx)
     guard = RecoveryGuard(hermes.resolve_data_dir, settings=settings,
-                          command_prefix=hermes.command_prefix)
+                          command_prefix=hermes.command_prefix,
+                          registered_tools=hermes.registered_tool_names)
     ctx.register_middleware("tool_execution", guard.tool_execution)
     ctx.register_hook("pre_tool_call", guard.pre_tool_call)
+    ctx.register_hook("post_tool_call", guard.post_tool_call)
     for schema, handler in ((STATUS_SCHEMA, guard.status_tool), (VERIFY_SCHEMA, guard.verify_tool)):
         ctx.register_tool(name=schema["name"], toolset=TOOLSET, schema=schema, handler=handler,
                           description=schema["description"])
@@ -56,8 +60,10 @@ def register(ctx: Any) -> None:
         register_cli_command(COMMAND_NAME, "Inspect and settle the crash-recovery journal",
                              setup_hermes_command,
                              hermes_command_handler(hermes.resolve_data_dir, hermes.command_prefix,
-                                                    settings),
-                             description="The operator commands of docs/cli.md, on the active "
+                                                    settings, lambda: hermes.registered_tool_names(
+                                                        load=True)),
+                             description="Inspect and settle this profile's journal: status, "
+                                         "show, resolve, ... (--help lists them), on the active "
                                          "profile's data directory (respects -p / HERMES_HOME).")
     register_command = getattr(ctx, "register_command", None)
     if callable(register_command):

@@ -15,15 +15,19 @@ conservative answer (error, so the operation becomes ``uncertain``) wins:
   are errors.  ``isError``: true, 1 or the text ``"true"`` are errors.
 * ``error``: truthy by Python's rules, so null, ``""``, 0, false, [] and {} are
   not errors.
-* Text: every leading and trailing run of whitespace, byte-order marks and
-  other invisible characters (Unicode format characters such as zero-width
-  spaces and joiners, in any order and number) is ignored; text that decodes to
+* Text: every leading run of characters nobody sees -- whitespace, byte-order
+  marks, every control, format, private-use, unassigned or separator
+  character, combining marks (on nothing) and blank fillers, in any order and
+  number -- is ignored, and so is every trailing run of whitespace and format
+  characters; bytes are read as a JSON decoder reads them (UTF-8, or UTF-16/32
+  by their shape); text that decodes to
   a JSON *string* is decoded again (double-encoded JSON), up to
   ``MAX_DECODE_DEPTH`` times.  ``NaN`` inside the text is tolerated by the decoder.
 * An object in which a watched key (``error``, ``isError``, ``success``, ``ok``,
   ``status``, ``exit_code``) appears more than once is an error: readers
   disagree about which value counts (Python keeps the last, others the first).
-* bytes are decoded as UTF-8 first; undecodable bytes are not JSON (normal).
+* bytes are read as UTF-8 and as the encoding ``json`` detects (UTF-16/32):
+  an error in either reading is an error; undecodable bytes are not JSON (normal).
 * Text that *is* JSON but cannot be decoded here -- nesting deeper than the
   recursion limit, an integer longer than Python's int-conversion limit -- is an
   error: it may well be ``{"error": ...}``.  So is text that starts with a JSON
@@ -57,25 +61,41 @@ def is_error_response(response: Any) -> bool:
     Never raises for any input shape.
     """
     try:
-        decoded = _decode(response)
-        if decoded is _UNDECODABLE or isinstance(decoded, _RepeatedKeys):
-            return True
-        if not isinstance(decoded, dict):
-            return False
-        return _dict_is_error(decoded)
+        if isinstance(response, (bytes, bytearray)):
+            return any(_value_is_error(text) for text in _readings(bytes(response)))
+        return _value_is_error(response)
     except Exception:  # a dict subclass whose methods raise, and the like
         return True
 
 
+def _readings(data: bytes) -> list:
+    """The texts ``data`` can be: UTF-8 (what a person's terminal shows) and
+    the encoding a JSON decoder detects (UTF-16/32 by BOM or NUL pattern);
+    none when it decodes as neither (plain bytes: normal)."""
+    texts = []
+    for encoding in ("utf-8", json.detect_encoding(data)):
+        try:
+            text = data.decode(encoding)
+        except (UnicodeDecodeError, LookupError):
+            continue
+        if text not in texts:
+            texts.append(text)
+    return texts
+
+
+def _value_is_error(response: Any) -> bool:
+    decoded = _decode(response)
+    if decoded is _UNDECODABLE or isinstance(decoded, _RepeatedKeys):
+        return True
+    if not isinstance(decoded, dict):
+        return False
+    return _dict_is_error(decoded)
+
+
 def _decode(response: Any) -> Any:
-    """Turn bytes/text into the JSON value they carry; other values pass."""
+    """Turn text into the JSON value it carries; other values pass."""
     value = response
     for _ in range(MAX_DECODE_DEPTH + 1):
-        if isinstance(value, (bytes, bytearray)):
-            try:
-                value = bytes(value).decode("utf-8")
-            except UnicodeDecodeError:
-                return None
         if not isinstance(value, str):
             return value
         text = strip_invisible(value)
@@ -96,10 +116,28 @@ def _invisible(character: str) -> bool:
     return character.isspace() or unicodedata.category(character) == "Cf"
 
 
+# Before the JSON, a character nobody sees counts as nothing: every "other"
+# (C*: controls such as NUL, format characters, surrogates, private-use and
+# unassigned code points), every separator (Z*), every combining mark (M*:
+# with nothing before it, it marks nothing; variation selectors too), and the
+# letters and symbols that are blank by design (Hangul fillers, braille blank).
+_LEADING_CATEGORIES = ("C", "Z", "M")
+_BLANK_CHARACTERS = frozenset("\u115f\u1160\u3164\uffa0\u2800")
+
+
+def _unseen_before_json(character: str) -> bool:
+    """Whether a person or a JSON decoder would see nothing of ``character``
+    in front of a JSON value (a superset of :func:`_invisible`)."""
+    return (character.isspace() or character in _BLANK_CHARACTERS
+            or unicodedata.category(character)[0] in _LEADING_CATEGORIES)
+
+
 def strip_invisible(text: str) -> str:
-    """``text`` without leading and trailing whitespace and invisible characters."""
+    """``text`` without leading characters nobody sees (:func:`_unseen_before_json`)
+    and without trailing whitespace and format characters (:func:`_invisible`;
+    anything else after a JSON object makes it ambiguous, hence an error)."""
     start, end = 0, len(text)
-    while start < end and _invisible(text[start]):
+    while start < end and _unseen_before_json(text[start]):
         start += 1
     while end > start and _invisible(text[end - 1]):
         end -= 1

@@ -2,7 +2,9 @@
 
 One call, as the ``tool_execution`` middleware sees it::
 
-    not protected (settings)? --------------------------------> next_call()
+    not protected (settings), a Tool Search catalog read or connector batch,
+      or a tool_call naming only unprotected tools? ----------> next_call()
+    a tool_call the host left unresolved naming a protected tool -> blocked JSON
     the same call re-entered (host identity, this context)? ---> next_call()
     refuse: bad arguments, poisoned guard, nested call, a call already in
             flight, journal failure, any unresolved operation -> blocked JSON
@@ -12,6 +14,8 @@ One call, as the ``tool_execution`` middleware sees it::
        raises Exception      -> ``uncertain``/exception, re-raise
        raises BaseException  -> ``uncertain``/cancelled, re-raise
        the guard refused its own inner entry -> ``returned``/not_run
+       the host reported it refused the call before its handler
+         (post_tool_call, status "blocked")  -> ``returned``/not_run_host_refused
        error-shaped response -> ``uncertain``/error_response, return it
        normal response       -> ``returned``, return it
     force-resolved meanwhile -> ``late_outcome``, return the response
@@ -35,13 +39,18 @@ import uuid
 from typing import Any, Callable, Optional
 
 from .admission.binding import ADMISSION, Admission, live_admission, same_call
+from .admission.bridge import PASS as BRIDGE_PASS, REFUSE as BRIDGE_REFUSE, bridge_verdict
+from .admission.bridge import refusal_explanation as bridge_refusal_explanation
+from .admission.isolation import ISOLATION_PROBLEM, NoDownstream, isolation_explanation
+from .admission.host_refusal import NOT_RUN, NOT_RUN_HOST_REFUSED, host_refused, note_host_refusal
 from .admission.gate import Gate, Refusal
 from .classify import is_error_response
 from .journal import NO_RESPONSE_HASH, Journal
-from .reports.messages import RECORD_FAILED_ERROR, command_line, in_flight_explanation
+from .reports.messages import RECORD_FAILED_ERROR, bounded, command_line, in_flight_explanation
+from .storage.calls import CallLease
 from .storage.durable import reach_boundary
 from .storage.errors import AdmissionRefused, EncodingError, JournalError
-from .storage.owner import probe_lock
+from .storage.owner import probe_lock, resolved_holders
 from .storage.record import fingerprint, value_hash
 
 logger = logging.getLogger(__name__)
@@ -54,6 +63,9 @@ class RecoveryGuard(Gate):
     ``settings``: the raw ``settings`` mapping of docs/guard.md §Settings, a
     :class:`settings.Settings`, or a zero-argument callable returning the
     mapping (read at first use; an exception is a settings problem).
+    ``registered_tools``: a zero-argument callable returning the host's tool
+    names (None: unknown); listed names matching none are logged at the first
+    call and shown by ``status`` (docs/guard.md §Settings).
     ``command_prefix``: a zero-argument callable returning the words that run
     the operator commands (:func:`reports.messages.hermes_prefix` inside Hermes);
     default
@@ -66,6 +78,8 @@ class RecoveryGuard(Gate):
     """
 
     journal_class = Journal
+    # Held while this guard's call is out (storage/calls.py), made at first admission.
+    _calls: Optional[CallLease] = None
 
     # ------------------------------------------------------------ identity --
 
@@ -98,6 +112,13 @@ class RecoveryGuard(Gate):
 
     # ---------------------------------------------------------- refusals --
 
+    def _bridge_verdict(self, tool_name: Any, args: Any) -> Optional[str]:
+        """:func:`admission.bridge.bridge_verdict` that never raises (refuse)."""
+        try:
+            return bridge_verdict(tool_name, args, self.is_protected)
+        except Exception:
+            return BRIDGE_REFUSE
+
     # ------------------------------------------------------------ the hook --
 
     def pre_tool_call(self, tool_name: Any = None, args: Any = None, session_id: Any = None,
@@ -106,8 +127,11 @@ class RecoveryGuard(Gate):
         ``{"action": "block", "message": <blocked JSON>}``.  Read-only; never
         raises ``Exception`` (Hermes 0.19 runs the tool when a hook raises)."""
         try:
-            if not self.is_protected(tool_name):
+            verdict = self._bridge_verdict(tool_name, args)
+            if verdict == BRIDGE_PASS or (verdict is None and not self.is_protected(tool_name)):
                 return None
+            if verdict == BRIDGE_REFUSE:
+                raise Refusal("bridge_call_unresolved", bridge_refusal_explanation(args))
             identity, _ = self._identity(tool_name, args, session_id, tool_call_id)
             if self.poisoned:
                 raise Refusal("guard_poisoned", self.poisoned)
@@ -124,6 +148,18 @@ class RecoveryGuard(Gate):
                 "internal_error", f"The crash-recovery guard failed ({type(exc).__name__}); "
                 "nothing was run. Do not retry; tell the user an operator must check it."))}
 
+    def post_tool_call(self, tool_name: Any = None, session_id: Any = None,
+                       tool_call_id: Any = None, status: Any = None, error_type: Any = None,
+                       result: Any = None, **kwargs: Any) -> None:
+        """``post_tool_call`` hook (docs/guard.md §Inside Hermes): when the host
+        reports ``status="blocked"`` for the call this context has admitted, the
+        middleware records that call as not run.  Observes only; returns None,
+        never raises."""
+        try:
+            note_host_refusal(tool_name, session_id, tool_call_id, status, error_type, result)
+        except Exception:  # an observer must never disturb the host
+            logger.exception("crash-recovery: post_tool_call failed")
+
     # ------------------------------------------------------ the middleware --
 
     def tool_execution(self, tool_name: Any = None, args: Any = None, next_call: Any = None,
@@ -132,13 +168,21 @@ class RecoveryGuard(Gate):
         Returns downstream's result, a blocked JSON string, or the record-failed
         JSON string.  Downstream exceptions propagate unchanged after an
         ``uncertain`` record."""
-        if not callable(next_call):
-            return self._blocked(Refusal("invalid_request",
-                                          "The host passed no next_call; nothing was run."))
-        if not self.is_protected(tool_name):
+        verdict = self._bridge_verdict(tool_name, args)
+        unprotected = verdict == BRIDGE_PASS or (verdict is None
+                                                 and not self.is_protected(tool_name))
+        if not callable(next_call):  # e.g. Hermes' plugins.isolation: host
+            self.isolation_problem = ISOLATION_PROBLEM
+            if unprotected:
+                raise NoDownstream()  # the host then skips this middleware: the tool runs
+            return self._blocked(Refusal("isolation_unsupported",
+                                         isolation_explanation(str(tool_name))))
+        if unprotected:
             return next_call()
         binding = live_admission()
         try:
+            if verdict == BRIDGE_REFUSE:
+                raise Refusal("bridge_call_unresolved", bridge_refusal_explanation(args))
             identity, call_fingerprint = self._identity(tool_name, args, session_id, tool_call_id)
             if binding is not None and not same_call(binding.identity, identity):
                 raise Refusal("nested_call",
@@ -170,7 +214,8 @@ class RecoveryGuard(Gate):
                 return
             status = journal.status()
             if (status.checkpoint["count"] < limit or status.unresolved or status.attention
-                    or probe_lock(journal.data_dir) is not None):
+                    or probe_lock(journal.data_dir) is not None
+                    or resolved_holders(journal.data_dir)):
                 return
             sealed = journal.archive()
             logger.info("crash-recovery: archived %d events into %s (archive_after_events)",
@@ -186,6 +231,15 @@ class RecoveryGuard(Gate):
             # tool_execution), so this is a sibling call of another context: wait.
             current = self._current
             running = [current.view()] if current is not None else []
+            if current is not None and self._resolved_while_running(current.operation_id):
+                # Other processes run again (its lock was moved aside); this one
+                # stays busy until that call ends or the worker is restarted.
+                return self._blocked(Refusal("operation_in_flight", (
+                    f"This worker is still inside operation {current.operation_id}, which an "
+                    f"operator resolved while it hung, so {tool_name} was refused and not run. "
+                    "Tell the user that this worker must be restarted (other workers of the "
+                    "profile can run protected calls); status lists it under resolved_running: "
+                    f"{command_line(self._prefix() or (), 'status')}"), running))
             return self._blocked(Refusal(
                 "operation_in_flight",
                 in_flight_explanation(tool_name, running, nested=False), running))
@@ -224,10 +278,29 @@ class RecoveryGuard(Gate):
         finally:
             try:
                 self._current = None
-                if self._owner is not None:
-                    self._owner.release()
+                try:
+                    if self._calls is not None:
+                        self._calls.release()
+                finally:
+                    if self._owner is not None:
+                        self._owner.release()
             finally:
                 self._in_flight.release()
+
+    def _call_lease(self, journal: Journal) -> CallLease:
+        """This guard's :class:`calls.CallLease` on the journal's database."""
+        if self._calls is None or self._calls.path != journal.database_path:
+            if self._calls is not None:
+                self._calls.close()
+            self._calls = CallLease(journal.database_path)
+        return self._calls
+
+    def close(self) -> None:
+        """Close the journal connection and give back the call lease's
+        descriptor (idempotent); the next call reopens both."""
+        if self._calls is not None:
+            self._calls.close()
+        super().close()
 
     def _admit(self, identity: tuple, call_fingerprint: str) -> tuple:
         """Gate, owner lock, durable ``started``: ``(journal, operation_id)``.
@@ -245,7 +318,7 @@ class RecoveryGuard(Gate):
         # evidence.  admit() below checks again under the writer lock.
         self._check_gate(journal, identity)
         try:
-            if not owner.acquire(operation_id):
+            if not owner.acquire(operation_id, retire_if=self._resolved_while_running):
                 holder = probe_lock(journal.data_dir) or {}
                 raise Refusal(
                     "operation_in_flight",
@@ -257,6 +330,15 @@ class RecoveryGuard(Gate):
                            f"The owner lock cannot be used ({exc.strerror or exc}); nothing was "
                            "run.") from None
         try:
+            leased = self._call_lease(journal).acquire()  # released by _end_call
+        except OSError as exc:
+            raise Refusal("storage_unavailable", f"The journal's call lock cannot be used "
+                          f"({exc.strerror or exc}); nothing was run.") from None
+        if not leased:
+            raise Refusal("database_locked", f"An archive switch of this profile's journal was "
+                          f"checking for running calls, so {tool_name} was refused and not run. "
+                          "Try again in a moment.")
+        try:
             journal.admit(operation_id=operation_id, tool=tool_name, args_hash=args_hash,
                           fingerprint=call_fingerprint, session_id=session_id,
                           tool_call_id=tool_call_id)
@@ -267,6 +349,14 @@ class RecoveryGuard(Gate):
                                "settle it as not_applied", operation_id, tool_name)
             raise self._refusal_from(exc) from None
         return journal, operation_id
+
+    def _resolved_while_running(self, operation_id: str) -> bool:
+        """Whether the holder of the owner lock runs a call an operator has
+        resolved (``resolve --force``): its lock is then moved aside."""
+        try:
+            return self._journal.resolved_while_running(operation_id)
+        except JournalError:
+            return False
 
     def _call_downstream(self, journal: Journal, admission: Admission, tool_name: str,
                          next_call: Callable) -> Any:
@@ -286,6 +376,11 @@ class RecoveryGuard(Gate):
             result_hash = value_hash(result)
             if admission.inner_refusal is not None and result == admission.inner_refusal:
                 uncertain, reason = False, "not_run"  # this guard refused the call itself
+            elif host_refused(admission, result):
+                uncertain, reason = False, NOT_RUN_HOST_REFUSED
+                logger.info("crash-recovery: operation %s (%s) was refused by the host before "
+                            "its handler (%s); recorded as not run", operation_id, tool_name,
+                            admission.host_refusal[0])
             else:
                 uncertain = is_error_response(result)
                 reason = "error_response" if uncertain else "returned"
@@ -311,7 +406,7 @@ class RecoveryGuard(Gate):
                 if not (exc.code == "operation_not_pending" and exc.details.get("resolved")):
                     raise
                 journal.record_late_outcome(operation_id, result_hash=result_hash,
-                                            reason="returned" if reason == "not_run" else reason)
+                                            reason="returned" if reason in NOT_RUN else reason)
                 logger.warning("crash-recovery: operation %s (%s) returned (%s) after an operator "
                                "had resolved it; the late outcome is recorded and needs an "
                                "operator's acknowledgement (see: %s)", operation_id, tool_name,
@@ -321,9 +416,10 @@ class RecoveryGuard(Gate):
             if uncertain:
                 self._logged[f"unknown:{operation_id}"] = time.monotonic()  # said here already
                 logger.warning("crash-recovery: operation %s (%s) is uncertain (%s): protected "
-                               "calls are refused until a person settles it (see: %s)",
-                               operation_id, tool_name, reason,
-                               command_line(self._prefix() or (), "show", operation_id))
+                               "calls are refused until a person settles it (see: %s)%s",
+                               operation_id, bounded(tool_name), reason,
+                               command_line(self._prefix() or (), "show", operation_id),
+                               self.mode_hint(tool_name))
             return None
         except Exception as exc:
             code = exc.code if isinstance(exc, JournalError) else type(exc).__name__

@@ -31,18 +31,22 @@ escapes (see :func:`database.translate_sqlite_error`).
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import sqlite3
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
-from .storage import archive
+from .storage import archive, archive_reading
+from .storage.calls import refuse_calls_out
 from .storage.chain import Chain, JournalStatus, Operation, operation_from_started, operation_key
-from .storage.database import DEFAULT_BUSY_TIMEOUT_SECONDS
-from .storage.durable import reach_boundary
-from .storage.errors import AdmissionRefused, IntegrityError, JournalUnavailable
+from .storage.database import DEFAULT_BUSY_TIMEOUT_SECONDS, translate_sqlite_error
+from .storage.durable import reach_boundary, storage_error
+from .storage.errors import AdmissionRefused, IntegrityError, JournalError, JournalUnavailable
 from .storage.record import (LOST_TOOL, OUTCOMES, STATE_PENDING, checkpoint_shape_problem,
-                             genesis_hash, optional_text, value_hash)
+                             decode_payload, genesis_hash, optional_text, value_hash)
 from .storage.snapshot import DEFAULT_FULL_VERIFICATION_INTERVAL_SECONDS
 from .storage.store import JournalStore
 
@@ -50,6 +54,18 @@ from .storage.store import JournalStore
 SQLITE_MAX_INTEGER = 2**63 - 1
 # result_hash, fingerprint and args_hash when there is nothing to hash.
 NO_RESPONSE_HASH = value_hash(None)
+
+
+@contextlib.contextmanager
+def _archive_step(action: str) -> Iterator[None]:
+    """Name a failure of the archive files' SQLite or filesystem work as a
+    :class:`JournalError` (``storage_unavailable`` for a full disk, ...)."""
+    try:
+        yield
+    except sqlite3.Error as exc:
+        raise translate_sqlite_error(exc, action) from None
+    except OSError as exc:
+        raise storage_error(exc, action) from None
 
 
 @dataclass(frozen=True)
@@ -85,6 +101,7 @@ class Journal:
                  full_verification_interval: float = DEFAULT_FULL_VERIFICATION_INTERVAL_SECONDS):
         self.data_dir = os.path.abspath(os.fspath(data_dir))
         self.readonly = readonly
+        self.busy_timeout = float(busy_timeout)  # seconds (also what status waits for, docs/cli.md)
         self._store = JournalStore(self.data_dir, busy_timeout=float(busy_timeout),
                                    readonly=readonly, create=create and not readonly,
                                    full_verification=full_verification,
@@ -106,6 +123,13 @@ class Journal:
     def checkpoint(self) -> dict:
         """Verify and return the current checkpoint dict (docs/cli.md §checkpoint)."""
         return self.status().checkpoint
+
+    def resolved_while_running(self, operation_id: str) -> bool:
+        """Verify, then whether an operator resolved ``operation_id`` and no late
+        outcome of it is recorded yet: its worker, if it still runs, holds a
+        lock that must not keep the profile busy (docs/cli.md §Owner)."""
+        with self._store.lock:
+            return operation_key(operation_id) in self._store.snapshot().resolved
 
     def verify(self, external_checkpoint: Any = None) -> JournalStatus:
         """Full verification of the whole history (docs/cli.md §verify).
@@ -276,7 +300,9 @@ class Journal:
                     self._store.append(chain, {
                         "kind": "started", "operation_id": lost, "tool": LOST_TOOL,
                         "fingerprint": NO_RESPONSE_HASH, "args_hash": NO_RESPONSE_HASH,
-                        "session_id": None, "tool_call_id": None, "lost_in_crash": before})
+                        "session_id": None, "tool_call_id": None, "lost_in_crash": before,
+                        "lost_window": {"after_ns": self._timestamp_at(chain.count),
+                                        "before_ns": time.time_ns()}})
             if lost is not None:
                 self.record_outcome(lost, uncertain=True, result_hash=NO_RESPONSE_HASH,
                                     reason="lost_in_crash")
@@ -288,37 +314,61 @@ class Journal:
         §Archives).  The long copy runs without the writer lock; the switch runs
         under it, recorded in an intent file first, so that a crash at any point
         leaves the old state or the new one (the next writer finishes or undoes
-        it).  Returns ``{"archived": anchor, "checkpoint_before",
+        it).  It seals exactly the segment it copied, or changes nothing.
+        Returns ``{"archived": anchor, "checkpoint_before",
         "checkpoint_after"}``.  Raises :class:`AdmissionRefused`
         ``archive_refused`` while an operation is open or a late outcome awaits
-        acknowledgement, or when there is nothing to archive."""
+        acknowledgement, when there is nothing to archive, when another archive
+        switched the segment away meanwhile, or when ``archive/`` is unusable;
+        ``owner_running`` while any protected call is out (storage/calls.py);
+        :class:`JournalError` for a failure (``storage_unavailable`` for a full
+        disk), after which the journal is as it was."""
         if self.readonly:
             raise JournalUnavailable("storage_unavailable", "journal opened read-only")
         with self._store.lock:
             self._refuse_archive(self._store.snapshot())
+            archive.check_directory(self.data_dir)
             temp = archive.new_copy_path(self.data_dir)
+            intent_written, after = False, None
             try:
-                archive.start_copy(self._store.database.path, temp)
-                copied = archive.copied_count(temp)
-                reach_boundary("archive_copied", "archived")
-                with self._store.writing("archived") as chain:
-                    self._refuse_archive(chain)
-                    before, new_id = chain.checkpoint(), str(uuid.uuid4())
-                    anchor = {"journal_id": chain.journal_id, "count": chain.count,
-                              "head": chain.head, "file": archive.relative_name(chain.journal_id)}
-                    archive.finish_copy(temp, self._store.raw_rows(copied, chain.count), chain)
-                    reach_boundary("archive_completed", "archived")
-                    archive.write_intent(self.data_dir, {
-                        "from": before, "to": new_id, "file": anchor["file"],
-                        "temp": os.path.relpath(temp, self.data_dir)})
-                    archive.seal(temp, archive.archive_path(self.data_dir, anchor))
-                    reach_boundary("archive_sealed", "archived")
-                    after = self._store.reset_segment(chain, new_id, anchor).checkpoint()
-                archive.remove_intent(self.data_dir)
-                reach_boundary("intent_removed", "archived")
-                self._store.compact()
-            except BaseException:
+                with _archive_step("archiving"):
+                    archive.start_copy(self._store.database.path, temp)
+                    copied = archive.verify_copy(temp)
+                    reach_boundary("archive_copied", "archived")
+                    with self._store.writing("archived") as chain:
+                        self._refuse_archive(chain)
+                        refuse_calls_out(self.database_path)
+                        archive.refuse_stale_copy(copied, chain, self._hash_at(chain, copied.count))
+                        final = archive.refuse_taken_name(self.data_dir, chain.journal_id)
+                        before, new_id = chain.checkpoint(), str(uuid.uuid4())
+                        anchor = {"journal_id": chain.journal_id, "count": chain.count,
+                                  "head": chain.head,
+                                  "file": archive.relative_name(chain.journal_id)}
+                        archive.finish_copy(temp, self._store.raw_rows(copied.count, chain.count),
+                                            chain)
+                        reach_boundary("archive_completed", "archived")
+                        intent_written = True  # from here on it may exist, even if this fails
+                        archive.write_intent(self.data_dir, {
+                            "from": before, "to": new_id, "file": anchor["file"],
+                            "temp": os.path.relpath(temp, self.data_dir)})
+                        archive.seal(temp, final)
+                        reach_boundary("archive_sealed", "archived")
+                        after = self._store.reset_segment(chain, new_id, anchor).checkpoint()
+                    archive.remove_intent(self.data_dir)
+                    intent_written = False
+                    reach_boundary("intent_removed", "archived")
+                    self._store.compact()
+            except BaseException as exc:
                 archive.discard(temp)
+                # Finish or undo now rather than leave it to the next writer.
+                settled = self._store.settle_interrupted_archive() if intent_written else None
+                if settled == "finished" and after is not None:  # e.g. a COMMIT that said failed
+                    return {"archived": anchor, "checkpoint_before": before,
+                            "checkpoint_after": after}
+                if settled == "undid" and isinstance(exc, JournalError) \
+                        and exc.code == "commit_failed":  # no longer "may or may not be durable"
+                    raise JournalUnavailable("storage_unavailable", f"{exc.message}; the archive "
+                                             "switch was undone: nothing was changed") from None
                 raise
             return {"archived": anchor, "checkpoint_before": before, "checkpoint_after": after}
 
@@ -328,21 +378,36 @@ class Journal:
         ``{"status": JournalStatus, "archives": [anchor, ...]}``, newest first."""
         with self._store.lock:
             chain = self._store.snapshot(full=True)
-            anchors = archive.anchors(self.data_dir, chain.archive)
-            for anchor in anchors:
-                archive.verify_archive(self.data_dir, anchor)
+            anchors = archive.verify_every_archive(self.data_dir, chain.archive)
             return {"status": self._status_of(chain), "archives": anchors}
 
     def archived_history(self, operation_id: Optional[str] = None) -> Iterator[tuple]:
         """``(anchor, seq, payload)`` of every archived event, oldest archive
-        first (only those of ``operation_id`` when given).  Verify first."""
+        first (only those of ``operation_id`` when given, from the archive
+        holding it).  Every archive read is verified end to end *before* this
+        returns (docs/cli.md §show, §log); the rows are then read with their
+        hashes recomputed, so an archive changed meanwhile ends the iteration
+        with ``archive_mismatch`` (:mod:`storage.archive_reading`).  Raises
+        :class:`IntegrityError` (``archive_missing``, ``archive_mismatch``)."""
         with self._store.lock:
             chain = self._store.snapshot()
-        for anchor in reversed(archive.anchors(self.data_dir, chain.archive)):
-            for seq, payload in archive.events(self.data_dir, anchor, operation_id):
-                yield anchor, seq, payload
+        oldest_first = list(reversed(archive.anchors(self.data_dir, chain.archive)))
+        if operation_id is not None:
+            holding = archive_reading.holding(self.data_dir, oldest_first, operation_id)
+            oldest_first = [holding] if holding is not None else []
+        for anchor in oldest_first:  # each once: linear in archived events
+            archive.verify_archive(self.data_dir, anchor, follow=False)
+        return ((anchor, seq, payload) for anchor in oldest_first
+                for seq, payload in archive_reading.verified_events(self.data_dir, anchor,
+                                                                    operation_id))
 
     # ------------------------------------------------------------ helpers --
+
+    def _hash_at(self, chain: Chain, seq: int) -> Optional[str]:
+        """The stored hash of event ``seq`` of the live journal (its genesis
+        hash for 0), in the current transaction."""
+        return genesis_hash(chain.journal_id, chain.schema) if seq == 0 else \
+            self._store.hash_at(seq)
 
     @staticmethod
     def _refuse_archive(chain: Chain) -> None:
@@ -377,12 +442,34 @@ class Journal:
         return JournalStatus(checkpoint=chain.checkpoint(), unresolved=tuple(chain.operations()),
                              attention=attention)
 
+    def operation_ids(self, prefix: str, limit: int = 10) -> list:
+        """Verify, then up to ``limit`` distinct operation ids of the live
+        segment that start with ``prefix`` (lower-case hex and hyphens), oldest
+        first (docs/cli.md §Operation ids)."""
+        with self._store.lock:
+            count = self._store.snapshot().count
+            return self._store.ids_starting_with(prefix, count, limit)
+
+    def _timestamp_at(self, seq: int) -> Optional[int]:
+        """``timestamp_ns`` of event ``seq`` (None for 0 or an unreadable one)."""
+        payload = decode_payload(self._store.payload_at(seq) or "") if seq else None
+        stamp = payload.get("timestamp_ns") if isinstance(payload, dict) else None
+        return stamp if isinstance(stamp, int) else None
+
     def _late_operation(self, operation_id: str, started_seq: int, late_reason: str,
                         late_seq: int) -> Operation:
         started_text = self._store.payload_at(started_seq) or "{}"
+        # The resolution the late outcome must be compared with, and why the
+        # operation was open: the events between its start and the late outcome.
+        reason = outcome = None
+        for _, payload in self._store.rows(started_seq, late_seq, operation_id):
+            if payload.get("kind") == "uncertain":
+                reason = payload.get("reason")
+            elif payload.get("kind") == "resolved":
+                outcome = payload.get("outcome")
         return operation_from_started(operation_id, started_text.encode("utf-8"), started_seq,
-                                      state="resolved", reason=None, last_seq=late_seq,
-                                      late_reason=late_reason)
+                                      state="resolved", reason=reason, last_seq=late_seq,
+                                      outcome=outcome, late_reason=late_reason)
 
     @staticmethod
     def _require_evidence(evidence: Any) -> None:
@@ -392,9 +479,20 @@ class Journal:
     def _refuse_closed(self, chain: Chain, operation_id: str) -> None:
         """Raise ``operation_not_open`` for an operation that was started and
         closed, else ``unknown_operation`` (an error path: one table scan)."""
-        if self._store.mentions(operation_id, chain.count):
+        closing = None
+        for seq, payload in self._store.rows(0, chain.count, operation_id):
+            if payload.get("kind") in ("returned", "resolved"):
+                closing = dict(payload, seq=seq)
+        if closing is not None:
+            how = (f"its tool returned ({closing.get('reason')})" if closing["kind"] == "returned"
+                   else f"it was resolved as {closing.get('outcome')}"
+                   + (f" by {closing['operator'].get('user')}"
+                      if isinstance(closing.get("operator"), dict) else ""))
             raise AdmissionRefused("operation_not_open", f"operation {operation_id} is already "
-                                   "closed (returned or resolved)", operation_id=operation_id)
+                                   f"closed: {how} (event {closing['seq']})",
+                                   operation_id=operation_id, closed_by=closing["kind"],
+                                   closed_seq=closing["seq"], outcome=closing.get("outcome"),
+                                   reason=closing.get("reason"))
         raise AdmissionRefused("unknown_operation", f"no operation {operation_id} in this "
                                "journal", operation_id=operation_id)
 

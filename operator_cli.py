@@ -26,19 +26,33 @@ if __name__ == "__main__" and not __package__:  # `python operator_cli.py` in a 
     sys.exit(_checkout["load_module"]("operator_cli").run())
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
+import threading
+import time
 from typing import Any, Callable, Iterator, Optional, Sequence
 
-from .admission.settings import parse_settings
+from .admission.settings import needs_attention, settings_view
 from .journal import Journal
-from .reconciliation.commands import COMMANDS, ERROR_HINTS, CommandError
-from .reports.render import json_text, log_text_lines, render_text
-from .reports.status import GATE_CLOSED, prometheus_text
-from .storage.errors import AdmissionRefused, JournalError
+from .reconciliation.commands import CommandError, run_command
+from .reports.messages import next_command, next_step, standalone_prefix, status_next_step
+from .reports.render import json_text, log_text_lines, render_text, stdout_takes_unicode
+from .reports.status import GATE_CLOSED, absent_journal_status, prometheus_text
+from .storage.durable import read_regular_file
+from .storage.errors import JournalError
+from .storage.record import CHECKPOINT_NAME, INTENT_NAME
+from .storage.platform_support import platform_problem
 
 EXIT_OK, EXIT_ERROR, EXIT_ATTENTION = 0, 1, 3
 FORMATS = ("json", "text", "prometheus")
+# Read-only commands that verify the whole history, with a progress line on a
+# terminal after this many seconds (and every as many after).
+PROGRESS_COMMANDS = ("status", "show", "verify", "checkpoint")
+PROGRESS_SECONDS = 1.0
+# Commands that append to the journal or move its files.
+WRITING_COMMANDS = ("resolve", "acknowledge", "repair-checkpoint", "archive", "restart-journal")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -75,16 +89,34 @@ def default_data_dir() -> str:
 # The procedure, for a person who has only --help at hand.
 RUNBOOK_EPILOG = """\
 when protected calls are blocked:
-  1. stop every worker (gateway, agents, cron jobs) of this profile
+  1. stop every worker (gateway, agents, cron jobs) of this profile; while an operation
+     is open, never disable or remove the plugin: the model could repeat the call
   2. status --format text        what is unresolved, and whether its owner still runs
-  3. show OP --format text       the operation's whole history
-  4. check the real service (receipt, request log, database row) for that call
+  3. show OP --format text       the operation's whole history (OP: its id, or the
+                                 first characters of it when they are unique)
+  4. check the real service (receipt, request log, database row) for that call; the
+     call's arguments: hermes sessions export --session-id SESSION_ID -
   5. resolve OP --outcome completed|not_applied --evidence "what you checked"
-     (cannot tell? leave it unresolved: the gate stays closed, nothing is repeated)
-integrity errors: verify; checkpoint_ahead after a crash: repair-checkpoint --evidence TEXT
+     (or --evidence-file FILE, - for stdin; cannot tell? leave it unresolved: the gate
+     stays closed, nothing is repeated)
+when the journal itself fails (status exits 1 with an integrity code):
+  checkpoint_ahead (a crash between two writes): repair-checkpoint --evidence TEXT
+  any other code: restart-journal --evidence TEXT keeps the broken files in replaced/
+  and starts a new journal in which every call that may have run is still open
+  every error names its next command in "next"
+late outcome (a tool that ended after a forced resolution): acknowledge OP --evidence TEXT
 monitoring: status --check (exit 3 when something needs a person); status --format prometheus
-output: one JSON document (exit 0 ok, 1 error); --format text for status/show/log
+output: one JSON document, or --format text; exit 0 ok, 1 any error (usage, integrity,
+refusal, Ctrl-C: code "interrupted"), 3 only for status --check
 """
+
+
+def evidence_options(parser: argparse.ArgumentParser, meaning: str) -> None:
+    """``--evidence TEXT`` or ``--evidence-file PATH`` (``-``: stdin), one required."""
+    given = parser.add_mutually_exclusive_group(required=True)
+    given.add_argument("--evidence", help=meaning)
+    given.add_argument("--evidence-file", metavar="PATH",
+                       help="the same, read from a UTF-8 file (- reads standard input)")
 
 
 def add_arguments(parser: argparse.ArgumentParser, parser_class: type) -> None:
@@ -95,8 +127,8 @@ def add_arguments(parser: argparse.ArgumentParser, parser_class: type) -> None:
                         help="the profile's plugin data directory (default: the active "
                              "profile's, $HERMES_HOME/plugin-data/crash-recovery)")
     parser.add_argument("--format", choices=FORMATS, default="json",
-                        help="json (default); text tables for status/show/log; prometheus "
-                             "gauges for status")
+                        help="json (default); text: tables for status/show/log, a summary "
+                             "for the others; prometheus: gauges for status")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=parser_class)
     # `status --format text --data-dir D` works too: people put options after the command.
     # SUPPRESS keeps a value given before the command when none is given after.
@@ -127,20 +159,23 @@ def add_arguments(parser: argparse.ArgumentParser, parser_class: type) -> None:
     resolve.add_argument("--outcome", required=True, choices=("completed", "not_applied"),
                          help="completed: the side effect happened; not_applied: it did not "
                               "(future calls may run; nothing is replayed)")
-    resolve.add_argument("--evidence", required=True,
-                         help="what you checked in the real service (receipt, log line, row)")
+    evidence_options(resolve, "what you checked in the real service (receipt, log line, row)")
     resolve.add_argument("--force", action="store_true",
                          help="resolve although the operation's worker still runs; the "
                               "evidence must say why")
     acknowledge = commands.add_parser("acknowledge", help="acknowledge a late outcome",
                                       parents=[options])
     acknowledge.add_argument("operation_id", help="an operation id from `status` (attention)")
-    acknowledge.add_argument("--evidence", required=True,
-                             help="what you did about the late outcome")
+    evidence_options(acknowledge, "what you did about the late outcome")
     repair = commands.add_parser("repair-checkpoint",
                                  help="clear checkpoint_ahead after a crash between replace and "
                                       "commit", parents=[options])
-    repair.add_argument("--evidence", required=True, help="why this repair is justified")
+    evidence_options(repair, "why this repair is justified")
+    restart = commands.add_parser(
+        "restart-journal", parents=[options],
+        help="after any other integrity verdict: keep the broken journal as evidence, start a "
+             "new one that keeps every operation that may have run open")
+    evidence_options(restart, "what happened to the journal and what you checked")
     commands.add_parser("archive", help="seal the history into a read-only archive file and "
                                         "start a new, short segment", parents=[options])
 
@@ -150,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     # The console script (`crash-recovery-operator`) is named as it was run.
     program = os.path.basename(sys.argv[0] or "")
     parser = _Parser(prog=program if program.startswith("crash-recovery") else "operator_cli.py",
-                     description="Inspect and settle the crash-recovery journal (docs/cli.md).",
+                     description="Inspect and settle the crash-recovery journal.",
                      epilog=RUNBOOK_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser, _Parser)
     return parser
@@ -158,14 +193,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 def execute(args: argparse.Namespace, data_dir_default: Callable[[], str],
             prefix: Optional[Callable[[str], Sequence[str]]] = None,
-            settings: Optional[Callable[[], Any]] = None) -> int:
+            settings: Optional[Callable[[], Any]] = None,
+            registered_tools: Optional[Callable[[], Any]] = None) -> int:
     """Run the parsed command; print its result; return the exit code.
     ``prefix(data_dir)``: how the commands are run here, for the hints in text
     output (default: the stand-alone form).  ``settings()``: the raw plugin
     settings where they are known (inside Hermes); ``status`` then shows them
-    parsed, with any problem (docs/cli.md §status)."""
+    parsed, with any problem (docs/cli.md §status), and ``registered_tools()``
+    the host's tool names, to report listed names that match none.  Every
+    outcome, Ctrl-C included, prints one document; the result names the next
+    command (``next``)."""
     output_format, command = getattr(args, "format", "json"), getattr(args, "command", None)
     data_dir = None
+    if not stdout_takes_unicode():  # text output: escapes, never a UnicodeEncodeError
+        with contextlib.suppress(AttributeError, ValueError):
+            sys.stdout.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
     try:
         if command is None:
             raise CommandError("usage", "a command is required (see --help)")
@@ -174,33 +216,47 @@ def execute(args: argparse.Namespace, data_dir_default: Callable[[], str],
         if output_format == "prometheus" and command != "status":
             raise CommandError("usage", "--format prometheus is for status only")
         data_dir = os.path.abspath(args.data_dir or data_dir_default())
-        result = COMMANDS[command](args, data_dir, Journal)
-        exit_code = EXIT_OK
-    except CommandError as exc:
+        before = _checkpoint_bytes(data_dir)
+        try:
+            with progress_on_terminal(command):
+                result, ok = run_command(command, args, data_dir, Journal)
+        except KeyboardInterrupt:  # Ctrl-C: one document, no traceback
+            result, ok = _interrupted(command, data_dir, before), False
+        if (not ok and command == "status" and settings is not None and args.data_dir is None
+                and result["error"]["code"] == "journal_absent"):
+            # The profile's own directory: no protected call yet, nothing blocked.
+            result, ok = absent_journal_status(data_dir), True
+        exit_code = EXIT_OK if ok else EXIT_ERROR
+    except CommandError as exc:  # a usage error, found before any command ran
         result, exit_code = {"ok": False, "error": {"code": exc.code, "message": exc.message,
                                                     **exc.details}}, EXIT_ERROR
-    except AdmissionRefused as exc:
-        # The journal verified; the request itself was refused (e.g. already resolved).
-        result, exit_code = {"ok": False, "integrity": "ok", "error": exc.to_json()}, EXIT_ERROR
-    except JournalError as exc:
-        # repair_not_applicable carries the state it found (``found``), which is
-        # the journal's real integrity.
-        result, exit_code = {"ok": False, "integrity": exc.details.get("found", exc.code),
-                             "error": exc.to_json()}, EXIT_ERROR
     if command == "status" and settings is not None:
-        result["settings"] = _settings_view(settings)
-    if exit_code and result["error"]["code"] in ERROR_HINTS:
-        result["error"]["hint"] = ERROR_HINTS[result["error"]["code"]]
+        result["settings"] = settings_view(settings, registered_tools)
+    if command == "status" and data_dir is not None:
+        problem = platform_problem(data_dir)  # the guard refuses protected calls then
+        if problem is not None:
+            result["platform_problem"] = problem
+    if data_dir is not None:  # the next command, as it is run here (docs/cli.md §Output)
+        here = tuple(prefix(data_dir)) if prefix else standalone_prefix(data_dir)
+        if exit_code == EXIT_ERROR:
+            error = result["error"]
+            error["next"] = next_command(here, next_step(error["code"], error.get("found"),
+                                                         error.get("operation_id")))
+        elif command == "status":
+            result["next"] = next_command(here, status_next_step(result))
     if exit_code == EXIT_OK and getattr(args, "check", False) and (
-            result.get("gate") == GATE_CLOSED or result.get("attention")):
+            result.get("gate") == GATE_CLOSED or result.get("attention")
+            or result.get("platform_problem")
+            or needs_attention(result.get("settings") or {})):
         exit_code = EXIT_ATTENTION  # a running call (gate busy) needs nobody
     if command == "log" and exit_code == EXIT_OK:
-        _print_log(result, jsonl=args.jsonl, text=output_format == "text")
+        exit_code = _print_log(result, jsonl=args.jsonl, text=output_format == "text")
     elif output_format == "prometheus":
         # A failure keeps the healthy series' label (the absolute data directory),
         # so an alert on it fires.
         print(prometheus_text(result) if exit_code != EXIT_ERROR
-              else prometheus_text({"data_dir": data_dir or ""}))
+              else prometheus_text({"data_dir": data_dir or "",
+                                    "settings": result.get("settings")}))
     elif output_format == "text":
         words = prefix(result.get("data_dir", "")) if prefix and exit_code != EXIT_ERROR else None
         print(render_text(command or "", result, words))
@@ -209,32 +265,116 @@ def execute(args: argparse.Namespace, data_dir_default: Callable[[], str],
     return exit_code
 
 
-def _settings_view(settings: Callable[[], Any]) -> dict:
-    """The parsed settings as ``status`` shows them; never raises."""
+@contextlib.contextmanager
+def progress_on_terminal(command: str, *, fd: int = 2, interval: float = PROGRESS_SECONDS,
+                         terminal: Optional[bool] = None) -> Iterator[None]:
+    """While a read-only command that verifies the whole history runs (a
+    million events take seconds), rewrite one line on stderr every
+    ``interval`` seconds with the time spent, when stderr is a terminal
+    (``terminal`` overrides the check).  stdout, the document, is never
+    touched.  A timer signal, not a thread; system calls it interrupts are
+    restarted.  Nothing happens off the main thread or without ``setitimer``."""
+    if terminal is None:
+        terminal = os.isatty(fd)
+    if (command not in PROGRESS_COMMANDS or not terminal or not hasattr(signal, "setitimer")
+            or threading.current_thread() is not threading.main_thread()):
+        yield
+        return
+    started, shown = time.monotonic(), [False]
+
+    def tick(signum: int, frame: Any) -> None:
+        shown[0] = True
+        with contextlib.suppress(OSError):
+            os.write(fd, (f"\rcrash-recovery {command}: verifying the journal, "
+                          f"{int(time.monotonic() - started)} s (Ctrl-C stops it; nothing is "
+                          "changed)").encode())
+    previous = signal.signal(signal.SIGALRM, tick)
+    signal.siginterrupt(signal.SIGALRM, False)
+    signal.setitimer(signal.ITIMER_REAL, interval, interval)
     try:
-        raw = settings()
-    except Exception as exc:  # the same fail-closed reading as the guard's
-        raw = f"<unreadable: {type(exc).__name__}: {exc}>"
-    return parse_settings(raw).to_json()
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if shown[0]:
+            with contextlib.suppress(OSError):
+                os.write(fd, b"\r\x1b[K")  # the terminal line is cleared again
 
 
-def _print_log(result: dict, *, jsonl: bool, text: bool) -> None:
-    """Print ``log``'s events as they are read (constant memory)."""
+def _checkpoint_bytes(data_dir: str) -> Optional[bytes]:
+    """``head.json`` as it is now (None when unreadable): what an interrupted
+    command compares with to say whether it changed anything."""
+    try:
+        return read_regular_file(os.path.join(data_dir, CHECKPOINT_NAME))
+    except OSError:
+        return None
+
+
+def _interrupted(command: str, data_dir: str, before: Optional[bytes]) -> dict:
+    """The error document of a command stopped by Ctrl-C (docs/cli.md §Output,
+    ``interrupted``): whether the journal changed, and what to run next."""
+    changed = _checkpoint_bytes(data_dir) != before
+    pending = os.path.lexists(os.path.join(data_dir, INTENT_NAME))
+    if command not in WRITING_COMMANDS:
+        message = f"{command} was interrupted; it only reads, so nothing changed"
+    elif pending:
+        message = ("archive was interrupted in the middle of its switch; the next writer "
+                   "(any protected call, resolve, archive) finishes or undoes it. Run status")
+    elif changed:
+        message = f"{command} was interrupted after its change was recorded. Run status"
+    else:
+        message = f"{command} was interrupted before it changed anything. Run it again"
+    return {"ok": False, "error": {"code": "interrupted", "message": message,
+                                   "changed": changed or pending}}
+
+
+def _print_log(result: dict, *, jsonl: bool, text: bool) -> int:
+    """Print ``log``'s events as they are read (constant memory); returns the
+    exit code.  Ctrl-C ends the output as a whole: the JSON document closes
+    with ``"interrupted": true``, ``--jsonl`` and text end with a last line
+    saying so (docs/cli.md §log)."""
     events: Iterator[dict] = result["events"]
     if jsonl:
-        for event in events:
-            print(json_text(event, None))
+        try:
+            for event in events:
+                print(json_text(event, None))
+        except KeyboardInterrupt:
+            print(json_text({"interrupted": True}, None))
+            return EXIT_ERROR
+        except JournalError as exc:  # an archive changed while it was printed
+            print(json_text({"ok": False, "verified": False, "integrity": exc.code,
+                             "error": exc.to_json()}, None))
+            return EXIT_ERROR
     elif text:
-        for line in log_text_lines(result):
-            print(line)
+        try:
+            for line in log_text_lines(result):
+                print(line)
+        except KeyboardInterrupt:
+            print("interrupted: the export above is incomplete")
+            return EXIT_ERROR
+        except JournalError as exc:
+            print(f"NOT VERIFIED: {exc.code}: {exc.message}")
+            return EXIT_ERROR
     else:
-        head = json_text({key: value for key, value in result.items() if key != "events"}, 1)
+        # The verdict closes the document: it covers every event printed above it.
+        head = json_text({key: value for key, value in result.items()
+                          if key not in ("events", "ok", "integrity")}, 1)
         print(head[:-2] + ',\n "events": [')
         first = True
-        for event in events:
-            print(("  " if first else ", ") + json_text(event, None))
-            first = False
-        print(" ]\n}")
+        try:
+            for event in events:
+                print(("  " if first else ", ") + json_text(event, None))
+                first = False
+        except KeyboardInterrupt:
+            print(' ],\n "interrupted": true,\n "ok": false,\n "verified": false\n}')
+            return EXIT_ERROR
+        except JournalError as exc:
+            closing = json_text({"ok": False, "verified": False, "integrity": exc.code,
+                                 "error": exc.to_json()}, 1)
+            print(" ],\n" + closing[2:])
+            return EXIT_ERROR
+        print(' ],\n "integrity": "ok",\n "ok": true,\n "verified": true\n}')
+    return EXIT_OK
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -273,20 +413,43 @@ def _quiet_on_closed_stdout(function: Callable[[], int]) -> int:
 
 def setup_hermes_command(parser: argparse.ArgumentParser) -> None:
     """``setup_fn`` of ``ctx.register_cli_command``: the same options and commands
-    on the parser Hermes made for ``hermes crash-recovery``."""
+    on the parser Hermes made for ``hermes crash-recovery``.  Its usage errors,
+    unknown words included (argparse leaves those to Hermes' top parser, which
+    would print Hermes' usage and exit 2), print the JSON usage error and exit
+    1 like every other error (docs/cli.md §Output)."""
     parser.epilog = RUNBOOK_EPILOG
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     add_arguments(parser, _ExitingParser)
+    parser.error = lambda message: _ExitingParser.error(parser, message)  # type: ignore
+    leave = parser.exit
+
+    def exit_or_json(status: int = 0, message: Optional[str] = None) -> None:
+        # Newer Hermes parsers report an unknown command through exit(2, text).
+        if status:
+            parser.error(" ".join((message or "usage error").split()))
+        leave(status, message)
+    parser.exit = exit_or_json  # type: ignore[method-assign]
+    parse_known_args = parser.parse_known_args
+
+    def parse_all(args: Any = None, namespace: Any = None) -> tuple:
+        parsed, extras = parse_known_args(args, namespace)
+        if extras:
+            parser.error(f"unrecognized arguments: {' '.join(map(str, extras))[:200]}")
+        return parsed, extras
+    parser.parse_known_args = parse_all  # type: ignore[method-assign]
 
 
 def hermes_command_handler(data_dir: Callable[[], str], prefix: Callable[[], Sequence[str]],
                            settings: Optional[Callable[[], Any]] = None,
+                           registered_tools: Optional[Callable[[], Any]] = None,
                            ) -> Callable[[argparse.Namespace], None]:
     """``handler_fn`` of ``ctx.register_cli_command``: run the command on the
     active profile's data directory (``data_dir()``, resolved by Hermes from
     ``HERMES_HOME`` / ``-p``; ``prefix()`` how the profile's commands are run;
-    ``settings()`` the profile's raw plugin settings, shown by ``status``)
-    and exit with its code (Hermes ignores return values)."""
+    ``settings()`` the profile's raw plugin settings, shown by ``status``;
+    ``registered_tools()`` the host's tool names, to find listed names that
+    match none) and exit with its code (Hermes ignores return values)."""
     def handle(args: argparse.Namespace) -> None:
         sys.exit(_quiet_on_closed_stdout(lambda: execute(
-            args, lambda: str(data_dir()), lambda _: prefix(), settings)))
+            args, lambda: str(data_dir()), lambda _: prefix(), settings, registered_tools)))
     return handle

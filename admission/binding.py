@@ -28,12 +28,16 @@ class Admission:
     (a thread or task the tool started) keeps this same object, so a stale copy
     can never pass as re-entry after the call is over.  ``inner_refusal``: the
     blocked text this guard returned to a nested entry of this call.
+    ``host_refusal``: ``(error_type, result)`` when the host reported, through
+    its ``post_tool_call`` hook with ``status="blocked"``, that it refused this
+    call before its handler (docs/guard.md §Inside Hermes).
     """
     operation_id: str
     identity: tuple
     started_ns: int = 0
     active: bool = True
     inner_refusal: Optional[str] = None
+    host_refusal: Optional[tuple] = None
 
     def view(self) -> dict:
         """The running operation as a refusal shows it."""

@@ -15,19 +15,24 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from typing import Any, Callable, Optional, Sequence, Union
 
-from ..reports.messages import (blocked_result, command_line, in_flight_explanation,
-                                integrity_explanation, operation_view, standalone_prefix,
-                                unresolved_explanation)
-from ..reports.status import GATE_CLOSED, status_report
+from ..reports.chat import chat_status, chat_verify
+from ..reports.messages import (blocked_result, bounded, command_line, in_flight_explanation,
+                                integrity_explanation, next_command, next_step,
+                                standalone_prefix, unresolved_explanation)
+from ..reports.status import GATE_CLOSED, settled_views, status_report
 from ..storage import forksafe
 from ..storage.errors import AdmissionRefused, JournalError, JournalUnavailable
 from ..storage.owner import OWNER_RUNNING, OwnerLock
+from ..storage.platform_support import platform_problem
+from ..storage.record import DATABASE_NAME
 from .binding import Admission, live_admission, same_call
-from .settings import KNOWN_KEYS, Settings, parse_settings
+from .settings import (KNOWN_KEYS, MODE_PROTECTED_TOOLS, Settings, parse_settings,
+                       tool_names_view)
 
 # The guard's logger ("crash_recovery.guard", "hermes_plugins.crash_recovery.guard" inside
 # Hermes): every WARNING an operator alerts on comes from one name.
@@ -35,6 +40,9 @@ logger = logging.getLogger(__name__.rsplit(".", 2)[0] + ".guard")
 
 # Refusals are logged at most once per operation (or code) in this many seconds.
 REFUSAL_LOG_INTERVAL_SECONDS = 60.0
+# Hermes' shell and file tools: in the default mode they are protected, and
+# their first warning says how to choose the other mode.
+CODING_TOOLS = frozenset(("terminal", "process", "execute_code", "write_file", "patch"))
 
 
 class Refusal(Exception):
@@ -65,6 +73,7 @@ class Gate:
 
     def __init__(self, data_dir: PathSource, *, settings: Any = None,
                  command_prefix: Optional[Callable[[], Sequence[str]]] = None,
+                 registered_tools: Optional[Callable[[], Any]] = None,
                  **library_settings: Any):
         unknown = sorted(set(library_settings) - set(KNOWN_KEYS))
         if unknown:
@@ -73,6 +82,9 @@ class Gate:
         self._settings_source = settings
         self._library_settings = library_settings
         self._command_prefix_source = command_prefix
+        self._registered_tools = registered_tools
+        self._first_call_checked = False
+        self._mode_hinted = False
         self._settings: Optional[Settings] = None
         self._journal: Any = None  # a journal_class instance, opened at first use
         self._owner: Optional[OwnerLock] = None
@@ -80,6 +92,8 @@ class Gate:
         self._forked_during: Optional[str] = None  # in a forked child: the parent's call
         self._logged: dict = {}  # what was logged when (see _warn_once)
         self.poisoned: Optional[str] = None  # why this instance refuses everything
+        # Set when the host passed no callable next_call (docs/guard.md §Isolation mode).
+        self.isolation_problem: Optional[str] = None
         self._reset_locks()
         forksafe.register(self)
 
@@ -126,9 +140,77 @@ class Gate:
     def is_protected(self, tool_name: Any) -> bool:
         """Whether calls of ``tool_name`` are journaled and gated (never raises)."""
         try:
+            if not self._first_call_checked:  # at the first call the host's tools are known
+                self._first_call_checked = True
+                self._first_call_warnings()
             return self.settings().is_protected(tool_name)
         except Exception:
             return True
+
+    def tool_names_view(self) -> dict:
+        """:func:`settings.tool_names_view` against the host's registry now."""
+        return tool_names_view(self.settings(), self._registered_tools)
+
+    def mode_hint(self, tool_name: Any) -> str:
+        """Once per process, the way out of the default mode for a coding
+        profile, appended to the first warning about an operation of a shell
+        or file tool ("" otherwise): there a failing ``ls`` blocks every
+        protected call (README §Choose what to protect)."""
+        if (self._mode_hinted or tool_name not in CODING_TOOLS
+                or self.settings().mode == MODE_PROTECTED_TOOLS):
+            return ""
+        self._mode_hinted = True
+        return (f". This profile protects every tool (the default mode), {tool_name} included, "
+                "so one failing command blocks every protected call. For a coding profile, "
+                "protect only the tools that act on the world: hermes config set "
+                "plugins.entries.crash-recovery.settings.protected_tools '[\"send_payment\"]' "
+                "(your tools), then restart Hermes; or add the tool to read_only_tools")
+
+    def _first_call_warnings(self) -> None:
+        """The settings checked against the host and the journal, once; they
+        only ever log (never raise, never change what is protected)."""
+        for warn in (self._warn_unmatched_tools, self._warn_unprotected_open_operations):
+            try:
+                warn()
+            except Exception:  # e.g. no Hermes to resolve the data directory yet
+                logger.debug("crash-recovery: first-call check %s skipped", warn.__name__,
+                             exc_info=True)
+
+    def _warn_unprotected_open_operations(self) -> None:
+        """An open operation whose tool these settings no longer protect (the
+        mode or the list changed meanwhile): that tool now runs unrecorded, and
+        the model may repeat the very call whose outcome nobody knows."""
+        # Read-only, and only an existing journal: a refusal before the first
+        # protected call must create nothing.
+        try:
+            source = self._data_dir_source
+            directory = str(source() if callable(source) else source)
+            if not os.path.exists(os.path.join(directory, DATABASE_NAME)):
+                return
+            with self.journal_class(directory, readonly=True, create=False) as journal:
+                operations = journal.unresolved()
+        except JournalError:
+            return  # the gate reports the journal itself
+        settings = self.settings()
+        for operation in operations:
+            if not settings.is_protected(operation.tool):
+                self._warn_once(f"unprotected_open:{operation.operation_id}", None,
+                                "crash-recovery: operation %s of tool %s is %s, but the "
+                                "settings (%s) no longer protect %s: calls of it now run "
+                                "unrecorded and could repeat it. Settle it first, or protect "
+                                "the tool again", operation.operation_id, operation.tool,
+                                operation.state, settings.mode, operation.tool)
+
+    def _warn_unmatched_tools(self) -> None:
+        settings = self.settings()
+        unmatched = self.tool_names_view()["unmatched_tools"]
+        if unmatched:
+            effect = ("they protect nothing: check the spelling (a typo leaves the real tool "
+                      "unprotected)" if settings.mode == MODE_PROTECTED_TOOLS
+                      else "listing them changes nothing")
+            self._warn_once("unmatched_tools", None, "crash-recovery: %s names tool(s) this "
+                            "host has not registered: %s; %s", settings.mode,
+                            ", ".join(unmatched), effect)
 
     def _open(self) -> tuple:
         """(journal, owner lock), created at first use.  Raises JournalError."""
@@ -144,6 +226,9 @@ class Gate:
                             "storage_unavailable",
                             f"the data directory could not be resolved ({type(exc).__name__}: "
                             f"{exc})") from None
+                    problem = platform_problem(directory)
+                    if problem is not None:  # checked again at the next call: it may be fixed
+                        raise JournalUnavailable("platform_unsupported", problem)
                     self._owner = OwnerLock(directory)
                     self._journal = self.journal_class(
                         directory, busy_timeout=settings.busy_timeout,
@@ -163,17 +248,45 @@ class Gate:
 
     def _refusal_from(self, error: JournalError) -> Refusal:
         if error.code == "unresolved_operations":
-            return self._open_operations_refusal(error.details["operations"], None)
-        return Refusal(error.code, integrity_explanation(error, self._prefix()))
+            views = settled_views(error.details["operations"], self._open_now(None),
+                                  self._journal.data_dir)
+            return self._open_operations_refusal(views, None)
+        # The detail (files, steps) and the way forward are for the operator's log.
+        prefix = self._prefix()
+        self._warn_once(f"journal:{error.code}", REFUSAL_LOG_INTERVAL_SECONDS,
+                        "crash-recovery: the journal refuses protected calls (%s): %s; next: %s",
+                        error.code, bounded(error.message),
+                        next_command(prefix or (), next_step(error.code)) or "status")
+        return Refusal(error.code, integrity_explanation(error, prefix))
 
-    def _open_operations_refusal(self, operations: Sequence[Any], identity: Optional[tuple],
+    def _open_now(self, identity: Optional[tuple]) -> Callable[[], tuple]:
+        """Reads the open operations (verified), leaving out the one this
+        context has admitted for exactly ``identity`` (the hook's binding).
+        The reader raises :class:`Refusal` when the journal fails."""
+        def read() -> tuple:
+            try:
+                open_operations = self._journal.unresolved()
+            except JournalError as exc:
+                raise self._refusal_from(exc) from None
+            binding = live_admission()
+            if (identity is not None and binding is not None
+                    and same_call(binding.identity, identity)):
+                open_operations = tuple(operation for operation in open_operations
+                                        if operation.operation_id != binding.operation_id)
+            return open_operations
+        return read
+
+    def _open_operations_refusal(self, views: Sequence[dict], identity: Optional[tuple],
                                  tool_name: str = "this tool") -> Refusal:
-        """The refusal for open operations: ``nested_call`` when the caller's own
-        parent call is the one running, ``operation_in_flight`` when another
-        live call runs (wait), else ``unresolved_operations`` (a person must
-        settle an unknown outcome)."""
-        journal = self._journal
-        views = [operation_view(operation, journal.data_dir) for operation in operations]
+        """The refusal for open operations (:func:`settled_views`; none left:
+        a call was in flight and has just ended): ``nested_call`` when the
+        caller's own parent call is the one running, ``operation_in_flight``
+        when another live call runs (wait), else ``unresolved_operations`` (a
+        person must settle an unknown outcome)."""
+        views = list(views)
+        if not views:
+            return Refusal("operation_in_flight", in_flight_explanation(tool_name, [],
+                                                                        nested=False))
         current = self._current
         running = [view for view in views if view["state"] == "pending" and (
             view["owner"] == OWNER_RUNNING
@@ -192,12 +305,15 @@ class Gate:
                             running)
         unknown = [view for view in views if view not in running]
         for view in unknown:  # e.g. found pending after a restart: once per process
+            if f"unknown:{view['operation_id']}" in self._logged:
+                continue
             self._warn_once(f"unknown:{view['operation_id']}", None, "crash-recovery: operation "
                             "%s (%s) is %s: its outcome is unknown, and protected calls are "
-                            "refused until a person settles it (see: %s)", view["operation_id"],
-                            view["tool"], view["state"],
+                            "refused until a person settles it (see: %s)%s", view["operation_id"],
+                            bounded(view["tool"]), view["state"],
                             command_line(self._prefix() or (), "show",
-                                                view["operation_id"]))
+                                                view["operation_id"]),
+                            self.mode_hint(view["tool"]))
         return Refusal("unresolved_operations",
                         unresolved_explanation(unknown, self._prefix()), unknown)
 
@@ -205,22 +321,16 @@ class Gate:
         """Verify the journal; raise :class:`Refusal` if it fails or any
         operation is open.  With ``identity``, the operation this context has
         admitted for exactly that call is not counted (the hook's binding)."""
-        try:
-            open_operations = journal.unresolved()
-        except JournalError as exc:
-            raise self._refusal_from(exc) from None
-        binding = live_admission()
-        if identity is not None and binding is not None and same_call(binding.identity, identity):
-            open_operations = tuple(operation for operation in open_operations
-                                    if operation.operation_id != binding.operation_id)
-        if open_operations:
-            raise self._open_operations_refusal(open_operations, identity,
+        read = self._open_now(identity)
+        views = settled_views(read(), read, journal.data_dir)
+        if views:  # none left: every call seen open has just finished
+            raise self._open_operations_refusal(views, identity,
                                                 identity[0] if identity else "this tool")
 
     def _blocked(self, refusal: Refusal) -> str:
         self._warn_once(f"refused:{refusal.code}:{','.join(op['operation_id'] for op in refusal.operations)}",
                         REFUSAL_LOG_INTERVAL_SECONDS, "crash-recovery: refused a protected call "
-                        "(%s): %s", refusal.code, refusal.explanation)
+                        "(%s): %s", refusal.code, bounded(refusal.explanation))
         return blocked_result(refusal.code, refusal.explanation, prefix=self._prefix(),
                                      operations=refusal.operations)
 
@@ -249,11 +359,14 @@ class Gate:
             journal, _ = self._open()
         except JournalError as exc:
             return {"ok": False, "integrity": exc.code, "gate": GATE_CLOSED,
-                    "error": exc.to_json(), "unresolved": [], "settings": settings.to_json()}
+                    "error": exc.to_json(), "unresolved": [],
+                    "settings": {**settings.to_json(), **self.tool_names_view()}}
         result = status_report(journal, journal.data_dir)
-        result["settings"] = settings.to_json()
+        result["settings"] = {**settings.to_json(), **self.tool_names_view()}
         if self.poisoned:
             result.update(ok=False, gate=GATE_CLOSED, poisoned=self.poisoned)
+        if self.isolation_problem:
+            result.update(ok=False, gate=GATE_CLOSED, isolation_problem=self.isolation_problem)
         return result
 
     def verify_report(self, checkpoint: Any = None) -> dict:
@@ -261,6 +374,7 @@ class Gate:
         verification, optionally against an external ancestor ``checkpoint``."""
         try:
             journal, _ = self._open()
+            journal.status()  # this worker's own gate first (e.g. wal_missing): one verdict
             # A fresh read-only connection: the worker's own connection may keep
             # pages cached that were edited on disk behind SQLite's back.
             with self.journal_class(journal.data_dir, readonly=True) as fresh:
@@ -274,9 +388,12 @@ class Gate:
                 "external_checkpoint": "ancestor" if checkpoint is not None else None}
 
     def status_tool(self, args: Any = None, **kwargs: Any) -> str:
-        """Handler of ``crash_recovery_status``: JSON text; never raises."""
+        """Handler of ``crash_recovery_status``: JSON text of
+        :func:`reports.chat.chat_status` (what the model may relay; the full
+        report is :meth:`status_report`, for operator surfaces); never raises."""
         try:
-            return json.dumps(self.status_report(), sort_keys=True, default=str)
+            return json.dumps(chat_status(self.status_report(), self._prefix()), sort_keys=True,
+                              default=str)
         except Exception as exc:
             return json.dumps({"ok": False, "error": {"code": "internal_error",
                                                       "message": type(exc).__name__}})
@@ -285,7 +402,8 @@ class Gate:
         """Handler of ``crash_recovery_verify``: ``{}`` or ``{"checkpoint": {...}}``."""
         try:
             checkpoint = args.get("checkpoint") if isinstance(args, dict) else None
-            return json.dumps(self.verify_report(checkpoint), sort_keys=True, default=str)
+            return json.dumps(chat_verify(self.verify_report(checkpoint)), sort_keys=True,
+                              default=str)
         except Exception as exc:
             return json.dumps({"ok": False, "error": {"code": "internal_error",
                                                       "message": type(exc).__name__}})

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from ..storage.database import DEFAULT_BUSY_TIMEOUT_SECONDS
 from ..storage.snapshot import DEFAULT_FULL_VERIFICATION_INTERVAL_SECONDS
@@ -92,9 +92,36 @@ def parse_tool_list(value: Any, key: str) -> tuple:
             value = [name.strip() for name in text.split(",") if name.strip()]
     if isinstance(value, (list, tuple)) and all(isinstance(name, str) and name.strip()
                                                 for name in value):
-        return tuple(name.strip() for name in value)
+        names = tuple(name.strip() for name in value)
+        for name in names:
+            problem = _name_problem(name)
+            if problem:
+                raise ValueError(f"{key} holds {_shown(name)}, which {problem}; list the tool "
+                                 f"names themselves, e.g. [send_payment, book_trip]")
+        return names
     raise ValueError(f"{key} must be a list of tool names (or a JSON list / comma-separated "
                      f"string), got {_shown(value)}")
+
+
+# Words that stand for "nothing" or "everything", never for a tool: YAML's null
+# spellings arriving as text (`hermes config set` stores text), and a glob.
+_NOT_A_NAME = frozenset(("null", "none", "~", "nil", "*", "all", "any"))
+
+
+def _name_problem(name: str) -> Optional[str]:
+    """Why ``name`` cannot be one tool name, or None."""
+    if name.lower() in _NOT_A_NAME:
+        return "means nothing or everything, not a tool"
+    if "${" in name:
+        # Hermes 0.20+ expands ${VAR} in plugin settings, 0.19 does not, and an
+        # unset variable stays as written: never a tool's real name.
+        return ("is an unexpanded ${...} reference (Hermes 0.19 does not expand them in "
+                "plugin settings; newer releases leave an unset variable as written)")
+    if any(character.isspace() for character in name):
+        return "holds spaces (several names separated by spaces? separate them with commas)"
+    if any(character in "*?[]" for character in name):
+        return "is a pattern; patterns are not supported"
+    return None
 
 
 def parse_settings(raw: Any) -> Settings:
@@ -105,6 +132,48 @@ def parse_settings(raw: Any) -> Settings:
     except Exception as exc:  # e.g. a mapping whose iteration raises: fail closed
         return _failed(f"the settings could not be read ({type(exc).__name__}: "
                        f"{_shown(str(exc))})", {})
+
+
+def settings_view(settings: Any, registered: Optional[Callable[[], Any]] = None) -> dict:
+    """The parsed settings as ``status`` shows them (docs/cli.md §status):
+    ``settings()`` returns the raw mapping; a reader that raises is a problem
+    (every tool protected), never an exception.  ``registered()``: the
+    host's tool names as far as this process knows them (:func:`tool_names_view`)."""
+    try:
+        raw = settings()
+    except Exception as exc:  # the same fail-closed reading as the guard's
+        raw = f"<unreadable: {type(exc).__name__}: {exc}>"
+    parsed = parse_settings(raw)
+    return {**parsed.to_json(), **tool_names_view(parsed, registered, partial=True)}
+
+
+def tool_names_view(settings: Settings, registered: Optional[Callable[[], Any]], *,
+                    partial: bool = False) -> dict:
+    """``{"tool_list", "unmatched_tools"}`` (docs/guard.md §Settings): the
+    listed names that match no tool the host registered.  ``tool_list`` is
+    ``host`` when the registry was read, ``unknown`` when it was not
+    (``unmatched_tools`` is then null).  ``partial``: this process knows only
+    the built-in and plugin tools (an operator command, not a running agent),
+    so MCP tools (``mcp_...``) are not judged.  Never raises."""
+    try:
+        names = registered() if registered is not None else None
+        known = None if not names else {name for name in names if isinstance(name, str)}
+    except Exception:
+        known = None
+    if not known:
+        return {"tool_list": "unknown", "unmatched_tools": None}
+    unmatched = sorted(name for name in settings.tools if name not in known
+                       and name not in INSPECTION_TOOLS
+                       and not (partial and name.startswith("mcp_")))
+    return {"tool_list": "host", "unmatched_tools": unmatched}
+
+
+def needs_attention(view: dict) -> bool:
+    """A settings view (:func:`settings_view`) a person must act on: a
+    problem (every tool protected), or a protected tool that matches no
+    registered tool (a typo protects nothing)."""
+    return bool(view.get("problem") or (view.get("mode") == MODE_PROTECTED_TOOLS
+                                        and view.get("unmatched_tools")))
 
 
 def _parse(raw: Any) -> Settings:
@@ -180,8 +249,9 @@ def _seconds(value: Any, key: str) -> float:
 
 
 def _count(value: Any, key: str) -> Optional[int]:
-    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "null", "off")):
-        return None
+    if value is None or value is False or (isinstance(value, str) and value.strip().lower() in (
+            "", "null", "none", "~", "off", "false", "no")):
+        return None  # off, however it is spelled
     number = _number(value, key)
     if number != int(number) or number < 2:
         raise ValueError(f"{key} must be a whole number of at least 2 (or null), got "

@@ -52,6 +52,11 @@ At the largest size, also:
   time), then the first protected call of fresh processes on the short live
   segment, ``status`` and ``verify --all``.
 
+Then, on its own profile, **many archives** (archive_scale.py): at 1, 100 and
+1,000 archives (``--archive-counts``), a fresh process's first call, warm
+calls, a warm worker's first call after a switch, ``status`` and ``verify
+--all`` (per event).
+
 The floor: ``BEGIN IMMEDIATE``, one INSERT into a WAL ``synchronous=FULL``
 database, the checkpoint written to a temp file, fsynced, ``os.replace``d,
 directory fsynced, ``COMMIT``, plus SHA-256 over the event's hash input
@@ -70,7 +75,7 @@ measurement is a module next to it: machine.py (the machine, its load),
 stats.py, product.py (loading the product, protected calls, lock holds),
 floor.py (the floor, fsync counting), overhead.py, verification.py,
 cli_costs.py, workers.py (fresh processes, warm workers, the gate under a
-held lock), archive_costs.py and targets.py (targets, tables).
+held lock), archive_costs.py, archive_scale.py and targets.py (targets, tables).
 bulk_journal.py builds the journals.
 """
 from __future__ import annotations
@@ -91,6 +96,7 @@ if BENCH_DIR not in sys.path:  # the measurement modules sit next to this file
 # The modules next to this file; bulk_journal.py is the independent fixture writer.
 import bulk_journal  # noqa: E402
 from archive_costs import measure_archive, probe_archive  # noqa: E402
+from archive_scale import format_scale_table, measure_archive_scale  # noqa: E402
 from cli_costs import measure_cli  # noqa: E402
 from floor import measure_sync_syscalls, run_probe, strace_path  # noqa: E402
 from machine import LoadMonitor, machine_description, python_startup_seconds  # noqa: E402
@@ -113,6 +119,8 @@ REPEATS_FULL = 3                 # verification pairs, fresh-process first calls
 REPEATS_QUICK = 1
 AFTER_ARCHIVE_REPEATS_FULL = 5
 AFTER_ARCHIVE_REPEATS_QUICK = 2
+FULL_ARCHIVE_COUNTS = (1, 100, 1000)   # archive_scale.py: a profile archived this many times
+QUICK_ARCHIVE_COUNTS = (1, 3, 8)
 
 
 def measure_size(workdir: str, events: int, options: argparse.Namespace, plan: Dict[str, Any],
@@ -168,6 +176,9 @@ def parse_arguments(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.add_argument("--keep", action="store_true", help="keep the benchmark journals")
     parser.add_argument("--no-strace", action="store_true", help="do not count syscalls with strace")
     parser.add_argument("--no-archive", action="store_true", help="skip the archive measurement")
+    parser.add_argument("--archive-counts", help="comma-separated archive counts for the many-"
+                        f"archives measurement (default {','.join(map(str, FULL_ARCHIVE_COUNTS))}"
+                        "; 0 skips it)")
     parser.add_argument("--profile", action="store_true",
                         help="add a cProfile of the product's verification at the largest size")
     parser.add_argument("--probe-dir", help=argparse.SUPPRESS)
@@ -206,6 +217,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         "after_archive_repeats": AFTER_ARCHIVE_REPEATS_QUICK if options.quick else AFTER_ARCHIVE_REPEATS_FULL,
         "strace_calls": 0 if options.no_strace else (STRACE_CALLS_QUICK if options.quick else STRACE_CALLS_FULL),
         "warmup_calls": WARMUP_CALLS,
+        "archive_counts": sorted({int(count) for count in options.archive_counts.split(",")
+                                  if count.strip() and int(count) > 0})
+        if options.archive_counts else list(QUICK_ARCHIVE_COUNTS if options.quick
+                                            else FULL_ARCHIVE_COUNTS),
     }
     workdir = options.workdir or tempfile.mkdtemp(prefix="crash-recovery-bench-")
     os.makedirs(workdir, exist_ok=True)
@@ -224,6 +239,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         if not options.no_archive and sizes[-1] > 0:
             log(f"archive of the {sizes[-1]:,}-event journal, then fresh processes ...")
             report["archive"] = measure_archive(workdir, sizes[-1], plan)
+        if plan["archive_counts"]:
+            report["archive_scale"] = measure_archive_scale(workdir, plan["archive_counts"],
+                                                            plan["repeats"])
     finally:
         if not options.keep and not options.workdir:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -234,6 +252,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     report["targets"] = evaluate_targets(report)
     report["run_seconds"] = round(time.perf_counter() - began, 1)
     text = format_tables(report)
+    if report.get("archive_scale"):
+        text += "\n\nMany archives (archive_scale.py):\n\n" + format_scale_table(
+            report["archive_scale"])
     print(text)
     print(f"\nrun time {report['run_seconds']} s; JSON: {options.json_path}")
     if options.json_path:

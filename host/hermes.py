@@ -4,8 +4,9 @@ Everything here is resolved lazily, at first use, never in ``register(ctx)``:
 
 * :func:`resolve_data_dir` -- the active profile's plugin data directory;
 * :func:`settings_reader` -- the profile's ``plugins.entries.crash-recovery.settings``;
-* :func:`command_prefix` -- ``hermes [-p PROFILE] crash-recovery``, the way an
-  operator runs the commands in this profile (no paths: safe for a chat);
+* :func:`command_prefix` -- ``hermes [-p PROFILE] crash-recovery`` (``hermesx``
+  where the host was started as that), the way an operator runs the commands
+  in this profile (no paths: safe for a chat);
 * :func:`slash_command` -- the read-only ``/crash-recovery`` summary.
 
 Hermes modules are imported inside the functions: this module imports on any
@@ -19,9 +20,12 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ..admission.settings import KNOWN_KEYS
-from ..reports.messages import command_line, describe_age, hermes_prefix
+from ..reports.chat import chat_error
+from ..reports.messages import (bounded, command_line, describe_age, hermes_prefix,
+                                next_command, status_next_step)
 from ..reports.status import GATE_CLOSED, operation_waits_for_a_person
 from ..storage.errors import JournalError
+from .program import host_program
 
 PLUGIN_NAME = "crash-recovery"
 
@@ -41,62 +45,100 @@ def resolve_data_dir() -> Path:
 
 
 def settings_reader(ctx: Any) -> Callable[[], Optional[dict]]:
-    """A zero-argument reader of the raw settings mapping (None: nothing set).
+    """A zero-argument reader of the raw settings mapping (None: nothing set),
+    the same on every host (docs/guard.md §Settings, "The same on every host").
 
     The profile's ``config.yaml`` through Hermes' own loader gives the whole
-    mapping, so an unknown key (a typo) is seen; where the host has
-    ``ctx.get_config`` (newer releases) the known keys come from it.
+    mapping, so an unknown key (a typo) is seen.  The ``settings`` subtree wins
+    whole; the legacy ``config`` subtree is read only when ``settings`` is
+    absent, so a leftover ``config`` never mixes into ``settings`` (0.20+'s
+    ``ctx.get_config`` falls back key by key; those fallbacks are dropped).
+    Where the host has ``ctx.get_config`` the known keys' values come from it,
+    which expands ``${VAR}`` (0.20+); a reference left unexpanded is a
+    settings problem (:mod:`admission.settings`).
     """
     get_config: Optional[Callable] = getattr(ctx, "get_config", None)
 
     def read() -> Optional[dict]:
-        found = _settings_from_config_file()
-        if callable(get_config):
-            for key in KNOWN_KEYS:
-                value = get_config(key, None)
-                if value is not None:
-                    found = {**(found or {}), key: value}
+        settings, legacy = _settings_from_config_file()
+        found = settings if settings is not None else legacy
+        if not callable(get_config) or not (found is None or isinstance(found, dict)):
+            return found  # a subtree that is not a mapping is itself the problem shown
+        for key in KNOWN_KEYS:
+            value = get_config(key, None)
+            from_legacy = (settings is not None and key not in settings
+                           and isinstance(legacy, dict) and key in legacy)
+            if value is not None and not from_legacy:
+                found = {**(found or {}), key: value}
         return found
 
     return read
 
 
-def _settings_from_config_file() -> Optional[dict]:
-    """``plugins.entries.crash-recovery.settings`` (or the legacy ``config``
-    subtree) of the profile's ``config.yaml``, or None."""
+def _settings_from_config_file() -> tuple:
+    """``(settings, config)``: the ``plugins.entries.crash-recovery.settings``
+    subtree and the legacy ``config`` subtree of the profile's ``config.yaml``
+    as written (None where absent)."""
     try:
         from hermes_cli.config import read_raw_config  # type: ignore[import-not-found]
     except ImportError:
-        return None
+        return None, None
     config = read_raw_config() or {}
     plugins = config.get("plugins") if isinstance(config, dict) else None
     entries = plugins.get("entries") if isinstance(plugins, dict) else None
     entry = entries.get(PLUGIN_NAME) if isinstance(entries, dict) else None
     if not isinstance(entry, dict):
-        return None
-    for subtree in ("settings", "config"):  # "config" is the legacy spelling
-        if entry.get(subtree) is not None:
-            return entry[subtree]
-    return None
+        return None, None
+    return entry.get("settings"), entry.get("config")
+
+
+# The PluginContext Hermes handed to register(): its documented ``profile_name``
+# is read at each use (it follows HERMES_HOME and `-p`), never at registration.
+_HOST_CONTEXT: list = []
+
+
+def use_host_context(ctx: Any) -> None:
+    """Remember the host's PluginContext for :func:`profile_name` (called by
+    ``register(ctx)``; touches no attribute of ``ctx``)."""
+    _HOST_CONTEXT[:] = [ctx]
 
 
 def profile_name() -> Optional[str]:
     """The active profile's name (``default``, a name, or ``custom`` for a
-    HERMES_HOME elsewhere); None outside Hermes."""
-    try:
-        from hermes_cli.profiles import get_active_profile_name  # type: ignore[import-not-found]
-    except ImportError:
-        home = os.environ.get("HERMES_HOME")
-        if home and Path(home).parent.name == "profiles":
-            return Path(home).name
-        return None
-    return get_active_profile_name()
+    HERMES_HOME elsewhere) from the host's ``ctx.profile_name``; without a host
+    context, the profile a ``HERMES_HOME`` of ``.../profiles/NAME`` names, else
+    None."""
+    name = getattr(_HOST_CONTEXT[0], "profile_name", None) if _HOST_CONTEXT else None
+    if isinstance(name, str) and name:
+        return name
+    home = os.environ.get("HERMES_HOME")
+    if home and Path(home).parent.name == "profiles":
+        return Path(home).name
+    return None
 
 
 def command_prefix() -> tuple:
-    """``hermes [-p PROFILE] crash-recovery``: how an operator runs the commands
-    in this profile."""
-    return hermes_prefix(profile_name())
+    """``PROGRAM [-p PROFILE] crash-recovery``: how an operator runs the
+    commands in this profile, PROGRAM being the name the host was started as
+    (``hermes``, ``hermesx``: :func:`host.program.host_program`)."""
+    return hermes_prefix(profile_name(), host_program())
+
+
+def registered_tool_names(load: bool = False) -> Optional[list]:
+    """Every tool name in Hermes' registry (``tools.registry.registry``), or
+    None when it cannot be reached.  ``load``: first register the built-in
+    tools with the registry's own ``discover_builtin_tools()`` (what importing
+    ``model_tools`` does; an operator command's process has only the plugins'
+    tools until then).  Only the documented ``tools.registry`` is used, so
+    ``hermes plugins validate`` names no private core import."""
+    try:
+        from tools.registry import registry  # type: ignore[import-not-found]
+        if load:
+            from tools.registry import discover_builtin_tools  # type: ignore[import-not-found]
+            discover_builtin_tools()
+        return list(registry.get_all_tool_names())
+    except Exception:  # any Hermes without this public registry: "unknown"
+        return None
 
 
 def slash_command(status_report: Callable[[], dict]) -> Callable[[str], str]:
@@ -116,9 +158,15 @@ def summary_text(status: dict, prefix: tuple) -> str:
     lines = []
     if not status.get("ok"):
         error = status.get("error") or {}
+        # A chat gets the sentence for the code; the detail names files and paths.
+        why = (chat_error(error)["message"] if error.get("code")
+               else bounded(status.get("poisoned") or status.get("isolation_problem")))
         lines.append(f"crash-recovery: gate CLOSED -- the journal cannot be used "
-                     f"({status.get('integrity')}: {error.get('message', status.get('poisoned'))}).")
+                     f"({status.get('integrity')}: {why})")
         lines.append(f"Inspect: {command_line(prefix, 'verify')}")
+        step = next_command(prefix, status_next_step(status))
+        if step:
+            lines.append(f"Then, with every worker stopped: {step}")
     elif status.get("gate") == GATE_CLOSED:
         waiting = [operation for operation in status.get("unresolved") or []
                    if operation_waits_for_a_person(operation)]
@@ -141,7 +189,8 @@ def summary_text(status: dict, prefix: tuple) -> str:
                      f"({count} events).")
     for operation in status.get("attention") or []:
         lines.append(f"! {operation['operation_id']} {operation['tool']} returned "
-                     f"({operation.get('late_reason')}) after it was resolved: check it, then "
+                     f"({operation.get('late_reason')}) after it was resolved as "
+                     f"{operation.get('outcome')}: check it, then "
                      + command_line(prefix, "acknowledge", operation["operation_id"],
                                            "--evidence", "<what you did>"))
     problem = (status.get("settings") or {}).get("problem")

@@ -22,17 +22,21 @@ PACKAGE_NAME = "crash_recovery"
 DIRECTORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def load_package() -> ModuleType:
-    """This checkout as the package ``crash_recovery`` (loaded once; an
-    installed copy of the same name is never used instead)."""
-    loaded = sys.modules.get(PACKAGE_NAME)
-    if loaded is not None and list(getattr(loaded, "__path__", ())) == [DIRECTORY]:
+def load_package(name: str = PACKAGE_NAME) -> ModuleType:
+    """This checkout as the package ``name`` (default ``crash_recovery``;
+    loaded once, or found already loaded from this directory; an installed
+    copy of the same name is never used instead).  The dashboard's
+    ``plugin_api.py`` passes the name Hermes gives the plugin, so that one
+    process never holds two copies of the storage layer's per-process state."""
+    loaded = sys.modules.get(name)
+    if loaded is not None and [os.path.realpath(path) for path in getattr(
+            loaded, "__path__", ())] == [os.path.realpath(DIRECTORY)]:
         return loaded
     spec = importlib.util.spec_from_file_location(
-        PACKAGE_NAME, os.path.join(DIRECTORY, "__init__.py"),
+        name, os.path.join(DIRECTORY, "__init__.py"),
         submodule_search_locations=[DIRECTORY])
     package = importlib.util.module_from_spec(spec)
-    sys.modules[PACKAGE_NAME] = package
+    sys.modules[name] = package
     spec.loader.exec_module(package)
     return package
 

@@ -17,18 +17,22 @@ import argparse
 import getpass
 import json
 import os
+import re
 import socket
 import stat
 import time
 import uuid
 from typing import Any, Callable, Optional
 
-from ..reports.messages import iso_utc, operation_view
+from ..reports.messages import iso_utc, next_command, next_step, operation_view
 from ..reports.status import status_report
 from ..storage.durable import fsync_directory, open_regular_file, read_regular_file
 from ..storage.errors import AdmissionRefused, JournalError
-from ..storage.owner import OWNER_RUNNING, probe_lock, probe_owner
+from ..storage.owner import (OWNER_RUNNING, probe_lock, probe_owner, resolved_holders,
+                             retire_holder)
 from ..storage.record import CHECKPOINT_NAME, canonical_text
+from .evidence import read_evidence
+from .restart import RestartRefused, restart_journal
 
 # journal.Journal: Journal(data_dir, readonly=..., create=...) is a context manager.
 JournalClass = Callable[..., Any]
@@ -45,23 +49,29 @@ OPERATOR_LOG_MAX_BYTES = 16 * 1024 * 1024
 # ``hint``); codes not listed need no more than their message.
 ERROR_HINTS = {
     "checkpoint_ahead": "if the host or worker crashed while writing (the usual cause), stop "
-                        "every worker and run `repair-checkpoint --evidence TEXT`; it re-anchors "
-                        "head.json to the verified database and keeps every open operation "
-                        "blocking",
+                        "every worker and run the `next` command (repair-checkpoint): it "
+                        "re-anchors the checkpoint to the verified database and keeps every "
+                        "open operation blocking",
     "owner_running": "stop the worker (or wait for the call to finish), then run `status` again; "
                      "use --force only when you know the worker can no longer act, and say why "
                      "in --evidence",
-    "journal_absent": "no journal in this directory: check --data-dir (or HERMES_HOME). A "
-                      "fresh profile has none until its first protected call; anywhere else "
-                      "this is the wrong directory",
+    "journal_absent": "no journal in this data directory: check the profile (-p PROFILE) or "
+                      "--data-dir you meant. A profile has none until its first protected "
+                      "call, and nothing is blocked there",
     "operation_not_open": "the operation is already settled: `show OP` prints its history",
     "unknown_operation": "copy the operation id from `status`",
-    "repair_not_applicable": "repair-checkpoint only clears checkpoint_ahead; any other "
-                             "integrity failure needs investigation (restore from backup, compare "
-                             "with an exported checkpoint using `verify --checkpoint FILE`)",
-    "database_locked": "a worker holds the journal's writer lock; retry in a moment",
+    "repair_not_applicable": "repair-checkpoint only clears checkpoint_ahead; for every other "
+                             "integrity verdict, stop every worker and run the `next` command "
+                             "(restart-journal): it keeps the broken files as evidence and "
+                             "every operation that may have run open",
+    "database_locked": "a process holds the journal's writer lock; retry in a moment. If it "
+                       "stays, look at the process named in writer_pid: protected calls are "
+                       "refused until it lets go",
     "nothing_to_acknowledge": "`status` lists the late outcomes that need acknowledging",
-    "read_access_only": "run the command as the user the workers run as, or stop the workers",
+    "owner_lock_stuck": "a process holds owner.lock without a call in the journal (error.owner "
+                        "names it): stop it; protected calls are refused until it lets go",
+    "read_access_only": "this user may read the journal but not write it: run the command as "
+                        "the user the workers run as (the owner of the data directory)",
 }
 
 
@@ -77,7 +87,12 @@ class CommandError(Exception):
 
 # ------------------------------------------------------------------ helpers --
 
-def _evidence(text: str) -> str:
+def _evidence(args: argparse.Namespace) -> str:
+    """The checked evidence text of ``--evidence`` or ``--evidence-file``."""
+    try:
+        text = read_evidence(args, EVIDENCE_MAX_CHARS)
+    except ValueError as exc:
+        raise CommandError("invalid_evidence", str(exc)) from None
     if not text.strip():
         raise CommandError("invalid_evidence", "evidence must be non-empty text")
     if len(text) > EVIDENCE_MAX_CHARS:
@@ -92,13 +107,38 @@ def _evidence(text: str) -> str:
     return text
 
 
-def _operation_id(text: str) -> str:
-    """The canonical (lower-case, hyphenated) form the guard stores."""
+# The start of an operation id, as `log --format text` and people shorten it.
+_ID_PREFIX = re.compile(r"[0-9a-f][0-9a-f-]{3,34}")
+# Candidates listed when a prefix names several operations.
+AMBIGUOUS_SHOWN = 10
+
+
+def _operation_id(text: str, data_dir: Optional[str] = None,
+                  journal_class: Optional[JournalClass] = None) -> str:
+    """The canonical (lower-case, hyphenated) form the guard stores; a unique
+    prefix of at least 4 characters is completed from the live journal
+    (docs/cli.md §Operation ids).  Raises :class:`CommandError`
+    (``invalid_operation_id``, ``ambiguous_operation_id`` with
+    ``candidates``) or :class:`AdmissionRefused` ``unknown_operation``."""
     try:
         return str(uuid.UUID(text))
     except ValueError:
-        raise CommandError("invalid_operation_id",
-                           f"{text[:80]!r} is not an operation id (a UUID from `status`)") from None
+        pass
+    prefix = text.strip().lower()
+    if data_dir is None or journal_class is None or not _ID_PREFIX.fullmatch(prefix):
+        raise CommandError("invalid_operation_id", f"{text[:80]!r} is not an operation id (a "
+                           "UUID from `status`, or its first characters)")
+    with journal_class(data_dir, readonly=True, create=False) as journal:
+        found = journal.operation_ids(prefix, limit=AMBIGUOUS_SHOWN + 1)
+    if len(found) == 1:
+        return found[0]
+    if found:
+        many = (f"more than {AMBIGUOUS_SHOWN}" if len(found) > AMBIGUOUS_SHOWN
+                else str(len(found)))
+        raise CommandError("ambiguous_operation_id", f"{prefix!r} starts {many} operation ids; "
+                           "type more of it", candidates=found[:AMBIGUOUS_SHOWN])
+    raise AdmissionRefused("unknown_operation", f"no operation id starting with {prefix!r} in "
+                           "this journal's live segment", operation_id=prefix)
 
 
 def _read_checkpoint_file(path: str) -> Any:
@@ -166,12 +206,21 @@ def operator_identity() -> dict:
             "host": socket.gethostname()}
 
 
-def _log_action(data_dir: str, action: str, result: dict, **entry: Any) -> None:
+def acting_operator(args: argparse.Namespace) -> dict:
+    """Who acts: :func:`operator_identity` plus what the caller knows of the
+    person (``args.operator_via``, e.g. the dashboard's ``{"via": "dashboard",
+    "dashboard_user": ...}``, docs/dashboard.md); recorded in the journal event
+    and in ``operator.log``."""
+    return {**operator_identity(), **(getattr(args, "operator_via", None) or {})}
+
+
+def _log_action(data_dir: str, action: str, result: dict,
+                operator: Optional[dict] = None, **entry: Any) -> None:
     """Append one ``operator.log`` line (docs/cli.md §operator.log); a failure
     is reported in ``result`` (the journal event is the source of truth)."""
     problem = _append_operator_log(data_dir, {
         "time": iso_utc(time.time_ns()), "action": action,
-        "operator": operator_identity(), **entry})
+        "operator": operator or operator_identity(), **entry})
     if problem:
         result["operator_log_error"] = problem
 
@@ -179,9 +228,15 @@ def _log_action(data_dir: str, action: str, result: dict, **entry: Any) -> None:
 def _lost_event(unresolved: tuple, lost: Optional[str]) -> str:
     """What the event dropped by ``repair-checkpoint`` can have been."""
     if lost is not None:
+        window = next((operation.lost_window for operation in unresolved
+                       if operation.operation_id == lost), None) or {}
+        after = iso_utc(window["after_ns"]) if window.get("after_ns") else "the journal's start"
+        before = iso_utc(window["before_ns"]) if window.get("before_ns") else "this repair"
         return (f"possibly a started event whose tool ran: it is back as operation {lost} "
-                "(tool unknown, uncertain, reason lost_in_crash). Check the real service for a "
-                "call at the time of checkpoint_before, then resolve it like any other")
+                "(tool unknown, uncertain, reason lost_in_crash). Its call, if any, happened "
+                f"after the last recorded event ({after}) and before this repair ({before}): "
+                "check the real services for calls in that window, then resolve it like any "
+                "other")
     return (f"an outcome or resolution of operation {unresolved[0].operation_id} "
             f"({unresolved[0].tool}); it stays {unresolved[0].state} and keeps blocking until "
             "an operator resolves it")
@@ -205,7 +260,7 @@ def command_status(args: argparse.Namespace, data_dir: str, journal_class: Journ
 
 def command_show(args: argparse.Namespace, data_dir: str, journal_class: JournalClass) -> dict:
     """``show OP``: one operation's state and its whole verified history."""
-    operation_id = _operation_id(args.operation_id)
+    operation_id = _operation_id(args.operation_id, data_dir, journal_class)
     with journal_class(data_dir, readonly=True) as journal:
         status, events = journal.history(operation_id=operation_id)
         history = [dict(payload, seq=seq) for seq, payload in events]
@@ -238,11 +293,13 @@ def command_show(args: argparse.Namespace, data_dir: str, journal_class: Journal
                                      if event["kind"] in ("returned", "uncertain")), None),
                      "outcome": next((event.get("outcome") for event in reversed(history)
                                       if event["kind"] == "resolved"), None),
+                     "late_reason": next((event.get("reason") for event in history
+                                          if event["kind"] == "late_outcome"), None),
                      "owner": None}
     for event in history:
         event["at"] = iso_utc(event["timestamp_ns"])
     return {"ok": True, "integrity": "ok", "data_dir": data_dir, "operation": operation,
-            "archive": archived, "events": history}
+            "archive": archived, "events": history, "verified": True}
 
 
 def command_log(args: argparse.Namespace, data_dir: str, journal_class: JournalClass) -> dict:
@@ -252,15 +309,17 @@ def command_log(args: argparse.Namespace, data_dir: str, journal_class: JournalC
     journal = journal_class(data_dir, readonly=True)
     try:
         status, events = journal.history(since=args.since)
+        # Every archive is verified before the first line is printed.
+        archived = journal.archived_history() if args.all else iter(())
     except BaseException:
         journal.close()
         raise
 
     def exported():
         try:
-            if args.all:  # the archives first, oldest first, each event naming its segment
-                for anchor, seq, payload in journal.archived_history():
-                    yield dict(payload, seq=seq, journal_id=anchor["journal_id"])
+            # The archives first, oldest first, each event naming its segment.
+            for anchor, seq, payload in archived:
+                yield dict(payload, seq=seq, journal_id=anchor["journal_id"])
             for seq, payload in events:
                 yield dict(payload, seq=seq, **({"journal_id": status.checkpoint["journal_id"]}
                                                 if args.all else {}))
@@ -297,8 +356,8 @@ def command_checkpoint(args: argparse.Namespace, data_dir: str, journal_class: J
 
 def command_resolve(args: argparse.Namespace, data_dir: str, journal_class: JournalClass) -> dict:
     """``resolve OP``: append ``resolved``; refuses a running owner without --force."""
-    operation_id = _operation_id(args.operation_id)
-    evidence = _evidence(args.evidence)
+    operation_id = _operation_id(args.operation_id, data_dir, journal_class)
+    evidence = _evidence(args)
     owner = probe_owner(data_dir, operation_id)
     if owner["owner"] == OWNER_RUNNING and not args.force:
         raise CommandError(
@@ -307,14 +366,18 @@ def command_resolve(args: argparse.Namespace, data_dir: str, journal_class: Jour
             "outcome is not final yet. Stop every worker of this profile first, or pass "
             "--force with evidence that says why", owner=owner)
     forced = bool(args.force and owner["owner"] == OWNER_RUNNING)
+    operator = acting_operator(args)
     with journal_class(data_dir, create=False) as journal:
         resolution = journal.resolve(operation_id, outcome=args.outcome, evidence=evidence,
-                                     operator=operator_identity(), forced=forced)
+                                     operator=operator, forced=forced)
+    if forced:  # its worker still holds owner.lock: the next call must not wait for it
+        retire_holder(data_dir, operation_id)
     previous = resolution.operation
     result = {"ok": True, "integrity": "ok", "data_dir": data_dir, "resolved": operation_id,
               "outcome": args.outcome, "previous_state": previous.state, "tool": previous.tool,
               "checkpoint": resolution.checkpoint_after, "forced": forced}
-    _log_action(data_dir, "resolve", result, operation_id=operation_id, outcome=args.outcome,
+    _log_action(data_dir, "resolve", result, operator, operation_id=operation_id,
+                outcome=args.outcome,
                 evidence=evidence, forced=forced, owner=owner["owner"],
                 checkpoint_before=resolution.checkpoint_before,
                 checkpoint_after=resolution.checkpoint_after)
@@ -324,15 +387,16 @@ def command_resolve(args: argparse.Namespace, data_dir: str, journal_class: Jour
 def command_acknowledge(args: argparse.Namespace, data_dir: str, journal_class: JournalClass) -> dict:
     """``acknowledge OP``: an operator has seen a late outcome (docs/cli.md
     §acknowledge); the operation stops needing attention."""
-    operation_id = _operation_id(args.operation_id)
-    evidence = _evidence(args.evidence)
+    operation_id = _operation_id(args.operation_id, data_dir, journal_class)
+    evidence = _evidence(args)
+    operator = acting_operator(args)
     with journal_class(data_dir, create=False) as journal:
-        resolution = journal.acknowledge(operation_id, evidence=evidence,
-                                         operator=operator_identity())
+        resolution = journal.acknowledge(operation_id, evidence=evidence, operator=operator)
     result = {"ok": True, "integrity": "ok", "data_dir": data_dir, "acknowledged": operation_id,
               "late_reason": resolution.operation.late_reason, "tool": resolution.operation.tool,
               "checkpoint": resolution.checkpoint_after}
-    _log_action(data_dir, "acknowledge", result, operation_id=operation_id, evidence=evidence,
+    _log_action(data_dir, "acknowledge", result, operator, operation_id=operation_id,
+                evidence=evidence,
                 late_reason=resolution.operation.late_reason,
                 checkpoint_before=resolution.checkpoint_before,
                 checkpoint_after=resolution.checkpoint_after)
@@ -342,7 +406,7 @@ def command_acknowledge(args: argparse.Namespace, data_dir: str, journal_class: 
 def command_repair(args: argparse.Namespace, data_dir: str, journal_class: JournalClass) -> dict:
     """``repair-checkpoint``: clear checkpoint_ahead, never opening the gate
     for an operation whose tool may have run."""
-    evidence = _evidence(args.evidence)
+    evidence = _evidence(args)
     with journal_class(data_dir, create=False) as journal:
         before, after, lost = journal.repair_checkpoint()
         unresolved = journal.status().unresolved
@@ -363,7 +427,8 @@ def command_archive(args: argparse.Namespace, data_dir: str, journal_class: Jour
     start a new segment anchored to it (docs/cli.md §archive).  Refused while an
     operation is open, a late outcome awaits acknowledgement, or a protected
     call is running."""
-    holder = probe_lock(data_dir)
+    # A worker still running a force-resolved call may yet record its outcome.
+    holder = probe_lock(data_dir) or next(iter(resolved_holders(data_dir)), None)
     if holder is not None:
         raise CommandError("owner_running", f"a protected call is running (pid "
                            f"{holder.get('pid')}, operation {holder.get('operation_id')}); "
@@ -377,7 +442,60 @@ def command_archive(args: argparse.Namespace, data_dir: str, journal_class: Jour
     return result
 
 
+def command_restart_journal(args: argparse.Namespace, data_dir: str,
+                            journal_class: JournalClass) -> dict:
+    """``restart-journal``: keep a journal that fails verification as evidence
+    and start a new one that carries its open operations over (docs/cli.md
+    §restart-journal)."""
+    evidence = _evidence(args)
+    operator = acting_operator(args)
+    try:
+        done = restart_journal(data_dir, journal_class, evidence=evidence, operator=operator,
+                               now_ns=time.time_ns())
+    except RestartRefused as exc:
+        raise CommandError(exc.code, exc.message, **exc.details) from None
+    with journal_class(data_dir, readonly=True, create=False) as journal:
+        unresolved = journal.status().unresolved
+    result = {"ok": True, "integrity": "ok", "data_dir": data_dir, **done,
+              "unresolved": [operation_view(operation, data_dir) for operation in unresolved]}
+    _log_action(data_dir, "restart-journal", result, operator, evidence=evidence,
+                **{key: done[key] for key in ("found", "replaced_journal_id",
+                                              "last_verified_checkpoint", "unverified",
+                                              "evidence_directory", "carried_over",
+                                              "lost_operation", "checkpoint_after")})
+    return result
+
+
 COMMANDS = {"status": command_status, "show": command_show, "log": command_log,
             "verify": command_verify, "checkpoint": command_checkpoint,
             "resolve": command_resolve, "acknowledge": command_acknowledge,
-            "repair-checkpoint": command_repair, "archive": command_archive}
+            "repair-checkpoint": command_repair, "archive": command_archive,
+            "restart-journal": command_restart_journal}
+
+
+def run_command(command: "str | Callable[..., dict]", args: argparse.Namespace, data_dir: str,
+                journal_class: JournalClass) -> tuple:
+    """Run one command (a name in :data:`COMMANDS`, or a function of the same
+    signature): ``(document, ok)``.  A refusal or an integrity verdict becomes
+    the error document of docs/cli.md §Output (``{"ok": false, "integrity"?,
+    "error": {"code", "message", "hint"?}}``); the operator CLI and the
+    dashboard answer with exactly this."""
+    function = COMMANDS[command] if isinstance(command, str) else command
+    try:
+        return function(args, data_dir, journal_class), True
+    except CommandError as exc:
+        result = {"ok": False, "error": {"code": exc.code, "message": exc.message, **exc.details}}
+    except AdmissionRefused as exc:
+        # The journal verified; the request itself was refused (e.g. already resolved).
+        result = {"ok": False, "integrity": "ok", "error": exc.to_json()}
+    except JournalError as exc:
+        # repair_not_applicable carries the state it found (``found``), which is
+        # the journal's real integrity.
+        result = {"ok": False, "integrity": exc.details.get("found", exc.code),
+                  "error": exc.to_json()}
+    if result["error"]["code"] in ERROR_HINTS:
+        result["error"]["hint"] = ERROR_HINTS[result["error"]["code"]]
+    error = result["error"]
+    error["next"] = next_command((), next_step(error["code"], error.get("found"),
+                                               error.get("operation_id")))
+    return result, False

@@ -10,10 +10,11 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import shlex
 import sys
 import time
-from typing import Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 from ..storage.chain import Operation
 from ..storage.errors import JournalError
@@ -25,6 +26,73 @@ RECORD_FAILED_ERROR = "crash_recovery_record_failed"
 # The plugin directory is this folder's parent.
 OPERATOR_CLI_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                  "operator_cli.py")
+
+
+# The verdicts of docs/cli.md §Verdict codes that leave the journal unusable
+# until a person acts; every other error is a refused request or a passing state.
+INTEGRITY_VERDICTS = frozenset((
+    "hash_mismatch", "broken_link", "sequence_gap", "invalid_payload", "invalid_transition",
+    "invalid_metadata", "foreign_schema_object", "schema_mismatch", "identity_mismatch",
+    "marker_missing", "marker_corrupt", "checkpoint_missing", "checkpoint_empty",
+    "checkpoint_corrupt", "checkpoint_foreign", "checkpoint_ahead", "journal_rolled_back",
+    "checkpoint_behind", "checkpoint_mismatch", "missing_database", "database_replaced",
+    "stray_wal", "wal_missing", "database_corrupt", "archive_missing", "archive_mismatch",
+    "archive_interrupted", "append_not_stored"))
+RESTART_STEP = ("restart-journal", "--evidence", "<what happened, what you checked>")
+SAME_AGAIN = ()
+# The operator command (the words after `hermes -p PROFILE crash-recovery`) that
+# moves each state forward (docs/cli.md §Output, ``next``); () means "the same
+# command again, in a moment".
+NEXT_STEPS = {
+    "checkpoint_ahead": ("repair-checkpoint", "--evidence", "<what happened, what you checked>"),
+    "unresolved_operations": ("status",), "owner_running": ("status",),
+    "unknown_operation": ("status",), "nothing_to_acknowledge": ("status",),
+    "archive_refused": ("status",), "restart_not_applicable": ("status",),
+    "operation_not_open": ("show", "<OPERATION_ID>"), "checkpoint_not_ancestor": RESTART_STEP,
+    "journal_changed_while_read": SAME_AGAIN, "database_locked": SAME_AGAIN,
+    "interrupted": ("status",), "ambiguous_operation_id": ("status",),
+    "workers_running": RESTART_STEP,
+}
+
+
+def next_step(code: str, found: Optional[str] = None,
+              operation_id: Optional[str] = None) -> Optional[tuple]:
+    """The words of the next operator command for an error ``code``
+    (``found``: the real verdict behind ``repair_not_applicable``;
+    ``operation_id``: the operation the error names); ``()`` for "the same
+    command again"; None when the message and hint are all there is (a usage
+    error, a wrong directory)."""
+    if code == "repair_not_applicable" and found:
+        code = found
+    if code in NEXT_STEPS:
+        words = NEXT_STEPS[code]
+        return tuple(operation_id if word == "<OPERATION_ID>" and operation_id else word
+                     for word in words)
+    return RESTART_STEP if code in INTEGRITY_VERDICTS else None
+
+
+def status_next_step(result: dict) -> Optional[tuple]:
+    """The words of the next operator command for a ``status`` document: the
+    verdict's (:func:`next_step`), a resolution while an outcome is unknown,
+    an acknowledgement while a late outcome waits, else None."""
+    if not result.get("ok"):
+        error = result.get("error") or {}
+        return next_step(error.get("code") or result.get("integrity") or "", error.get("found"))
+    if result.get("gate") == "closed" and result.get("unresolved"):
+        return ("resolve", result["unresolved"][0]["operation_id"], "--outcome",
+                "<completed|not_applied>", "--evidence", "<what you checked>")
+    if result.get("attention"):
+        return ("acknowledge", result["attention"][0]["operation_id"], "--evidence",
+                "<what you did>")
+    return None
+
+
+def next_command(prefix: Sequence[str], words: Optional[tuple]) -> Optional[str]:
+    """``next`` as a command line (docs/cli.md §Output), or None; ``()``
+    becomes the text ``run the same command again``."""
+    if words is None:
+        return None
+    return command_line(prefix, *words) if words else "run the same command again"
 
 
 def iso_utc(timestamp_ns: int) -> str:
@@ -40,15 +108,18 @@ def standalone_prefix(data_dir: str) -> tuple:
     return (sys.executable or "python3", OPERATOR_CLI_PATH, "--data-dir", data_dir)
 
 
-def hermes_prefix(profile: Optional[str]) -> tuple:
-    """The words of ``hermes [-p PROFILE] crash-recovery``: no path, no
-    interpreter (safe to show in a chat).  ``profile``: None or ``default``
-    for the default profile."""
+def hermes_prefix(profile: Optional[str], program: str = "hermes") -> tuple:
+    """The words of ``PROGRAM [-p PROFILE] crash-recovery``: no path, no
+    interpreter (safe to show in a chat).  ``profile``: a profile name, or
+    None / ``custom`` (a HERMES_HOME outside the profiles: no ``-p``);
+    ``program``: the host's program name (``hermes``, or ``hermesx`` where
+    only that is installed), never a path."""
+    program = os.path.basename(program) or "hermes"
     # `-p default` even for the default profile: without it, a sticky
     # `hermes profile use NAME` would run the command in NAME.
     if profile and profile != "custom":
-        return ("hermes", "-p", profile, "crash-recovery")
-    return ("hermes", "crash-recovery")
+        return (program, "-p", profile, "crash-recovery")
+    return (program, "crash-recovery")
 
 
 def command_line(prefix: Sequence[str], *words: str) -> str:
@@ -69,12 +140,24 @@ def operation_view(operation: "Operation | dict", data_dir: str, *,
                    now_ns: Optional[int] = None, with_owner: bool = True) -> dict:
     """An operation for people: every journal field (an :class:`Operation` or
     its ``to_json()`` dict) plus ``started_at`` (ISO 8601 UTC), ``age_seconds``
-    (float, >= 0) and, with ``with_owner``, ``owner`` (``running``/``gone``/
-    ``unknown``) and ``owner_pid``."""
+    (float, >= 0: the distance from now, also for a start dated in the future,
+    which adds ``clock_ahead_seconds``), for an operation brought back for a
+    lost event ``lost_after``/``lost_before`` (ISO; the span in which its
+    call may have run) and, with ``with_owner``, ``owner``
+    (``running``/``gone``/``unknown``) and ``owner_pid``."""
     now_ns = time.time_ns() if now_ns is None else now_ns
     view = dict(operation) if isinstance(operation, dict) else operation.to_json()
     view["started_at"] = iso_utc(view["started_ns"])
-    view["age_seconds"] = round(max(0, now_ns - view["started_ns"]) / 1e9, 3)
+    age_ns = now_ns - view["started_ns"]
+    # A start dated in the future (the writer's clock was ahead) is no younger
+    # for that: its distance from now keeps age alerts awake.
+    view["age_seconds"] = round(abs(age_ns) / 1e9, 3)
+    if age_ns < 0:
+        view["clock_ahead_seconds"] = view["age_seconds"]
+    window = view.get("lost_window")
+    if window:  # a lost event: the span in which its call may have run
+        view["lost_after"] = iso_utc(window["after_ns"]) if window["after_ns"] else None
+        view["lost_before"] = iso_utc(window["before_ns"])
     if with_owner:
         probe = probe_owner(data_dir, view["operation_id"])
         view["owner"] = probe["owner"]
@@ -100,19 +183,37 @@ def blocked_result(code: str, explanation: str, *, prefix: Optional[Sequence[str
     ``operation_ids``, ``operations`` (tool, state, started_at, age_seconds) and
     ``operator_command`` (null when the refusal came before the data directory
     was known: the keys never vary)."""
-    operations = list(operations)
+    operations = list(operations)[:MAX_OPERATIONS_SHOWN]
     result = {
         "error": BLOCKED_ERROR,
         "blocked": True,
         "code": code,
-        "explanation": explanation,
+        "explanation": bounded(explanation),
         "operation_ids": [operation["operation_id"] for operation in operations],
-        "operations": [{key: operation.get(key) for key in
+        "operations": [{key: bounded(operation.get(key)) for key in
                         ("operation_id", "tool", "state", "started_at", "age_seconds")}
                        for operation in operations],
         "operator_command": command_line(prefix, "status") if prefix else None,
     }
     return json.dumps(result, ensure_ascii=False, sort_keys=True)
+
+
+# What a refusal echoes is bounded: a tool name or id comes from the model and
+# may be a megabyte long.  Runs of characters without a space longer than
+# LONG_WORD are cut; the whole text stops at MAX_ECHO characters.
+LONG_WORD = 120
+MAX_ECHO = 4000
+MAX_OPERATIONS_SHOWN = 20
+_LONG_RUN = re.compile(r"\S{%d,}" % (LONG_WORD + 1))
+
+
+def bounded(value: Any) -> Any:
+    """``value`` with every over-long word cut to ``LONG_WORD`` characters
+    (plus ``...``) and the whole cut to ``MAX_ECHO``; non-text as it is."""
+    if not isinstance(value, str):
+        return value
+    text = _LONG_RUN.sub(lambda match: match.group(0)[:LONG_WORD] + "...", value)
+    return text if len(text) <= MAX_ECHO else text[:MAX_ECHO] + "..."
 
 
 def _described(operations: list) -> str:
@@ -159,13 +260,21 @@ def integrity_explanation(error: JournalError, prefix: Optional[Sequence[str]]) 
                 f"longer than the busy timeout (an archive being sealed, or a stuck worker). "
                 f"This call was NOT run. Ask the user whether to try again in a moment; do not "
                 f"retry in a loop. If it keeps happening, an operator can look with: {command}")
+    if error.code == "platform_unsupported":
+        return (f"Protected tool calls are refused because crash-recovery cannot give its "
+                f"guarantees here: {error.message} Nothing was run. Do not retry; tell the user "
+                f"what this says.")
+    # The error's own message names files and steps (head.json, COMMIT): it
+    # goes to the operator's log, not to a chat.
     if error.code == "commit_failed":
-        return (f"The journal could not confirm that this call's start was recorded "
-                f"({error.message}). The call was NOT run. If the journal later shows it as "
-                f"pending, settle it as not_applied. Do not retry; tell the user that an "
-                f"operator must check the journal with: {command}")
-    return (f"Protected tool calls are refused because the crash-recovery journal cannot be "
-            f"trusted or used right now ({error.code}: {error.message}). Nothing was run. "
-            f"Do not retry. Tell the user that an operator must inspect it with: {command}")
+        return (f"The journal could not confirm that this call's start was recorded. The call "
+                f"was NOT run. If the journal later shows it as pending, settle it as "
+                f"not_applied. Do not retry; tell the user that an operator must check the "
+                f"journal with: {command}")
+    what = ("failed its integrity check: it may have been damaged or changed"
+            if error.code in INTEGRITY_VERDICTS else "cannot be used right now")
+    return (f"Protected tool calls are refused because the crash-recovery journal, which "
+            f"records them, {what} (code {error.code}). Nothing was run. Do not retry. Tell "
+            f"the user that an operator must look at it with: {command}")
 
 

@@ -4,6 +4,7 @@ tables for ``status``, ``show`` and ``log`` (docs/cli.md §Output).
 from __future__ import annotations
 
 import json
+import sys
 import unicodedata
 from typing import Any, Iterator, Optional, Sequence
 
@@ -26,10 +27,22 @@ _CONTROL_ESCAPES.update({ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"})
 _CONTROL_ESCAPES.update(_JSON_ESCAPES)
 
 
+def stdout_takes_unicode() -> bool:
+    """Whether stdout's encoding can write any text (``PYTHONIOENCODING=ascii``
+    or a C locale cannot)."""
+    try:
+        "\u2026\u00e9\u4e2d".encode(getattr(sys.stdout, "encoding", None) or "ascii")
+        return True
+    except (UnicodeError, LookupError):
+        return False
+
+
 def json_text(document: Any, indent: Optional[int]) -> str:
     """JSON for a terminal: readable non-ASCII text, terminal controls as
-    ``\\uXXXX`` escapes (valid JSON: they can only occur inside strings)."""
-    return json.dumps(document, ensure_ascii=False, sort_keys=True,
+    ``\\uXXXX`` escapes (valid JSON: they can only occur inside strings); all
+    non-ASCII as escapes where stdout cannot encode it, so the document stays
+    whole and valid in any output encoding."""
+    return json.dumps(document, ensure_ascii=not stdout_takes_unicode(), sort_keys=True,
                       indent=indent).translate(_JSON_ESCAPES)
 
 
@@ -60,12 +73,22 @@ def _error_text(result: dict) -> str:
     error = result.get("error") or {}
     lines = [f"error: {error.get('code')}", f"  {_cell(error.get('message'))}"]
     lines += [f"  {key}: {_cell(json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else value)}"
-              for key, value in sorted(error.items()) if key not in ("code", "message", "hint")]
+              for key, value in sorted(error.items())
+              if key not in ("code", "message", "hint", "next")]
     if "integrity" in result:
         lines.append(f"integrity: {result['integrity']}")
+    lines += _platform_lines(result)
     if error.get("hint"):
-        lines.append(f"next: {error['hint']}")
+        lines.append(f"hint: {error['hint']}")
+    if error.get("next"):
+        lines.append(f"next: {_cell(error['next'])}")
     return "\n".join(lines)
+
+
+def _platform_lines(result: dict) -> list:
+    problem = result.get("platform_problem")
+    return ["", "PLATFORM NOT SUPPORTED (every protected call is refused): " + _cell(problem)] \
+        if problem else []
 
 
 def _owner_text(operation: dict) -> Optional[str]:
@@ -84,7 +107,8 @@ def _status_text(result: dict, header: str, prefix: Sequence[str]) -> str:
         f"{in_flight.get('pid')})" if in_flight else "")]
     if rows and result.get("gate") == GATE_BUSY:
         lines += [f"{len(rows)} protected call(s) running now (the worker holds the owner lock); "
-                  "others wait for it, nothing needs settling:",
+                  "other protected calls are refused (operation_in_flight) until it ends, and "
+                  "nothing needs settling:",
                   _table(rows, ("operation_id", "tool", "state", "started_at", "age", "owner",
                                 "session_id", "tool_call_id"))]
     elif rows:
@@ -94,6 +118,10 @@ def _status_text(result: dict, header: str, prefix: Sequence[str]) -> str:
             _table(rows, ("operation_id", "tool", "state", "reason", "started_at", "age",
                           "owner", "session_id", "tool_call_id", "args_hash")),
             "",
+            *(f"{row['operation_id']} stands for a call lost between "
+              f"{row.get('lost_after') or 'the journal start'} and {row['lost_before']}: check "
+              "the services for any call in that window" for row in rows
+              if row.get("lost_before")),
             "next: stop every worker of this profile (owner must not be running), check the "
             "real service for this call, then record what you found:",
             "  " + command_line(prefix, "show", first),
@@ -106,10 +134,13 @@ def _status_text(result: dict, header: str, prefix: Sequence[str]) -> str:
                  for row in result.get("attention") or []]
     if attention:
         lines += ["", f"{len(attention)} operation(s) returned after an operator had resolved "
-                  "them (late outcomes): check the service again, then acknowledge:",
-                  _table(attention, ("operation_id", "tool", "late_reason", "started_at", "age")),
+                  "them (late outcomes): compare OUTCOME (the resolution) with LATE_REASON (how "
+                  "the tool ended), check the service again, then acknowledge:",
+                  _table(attention, ("operation_id", "tool", "outcome", "late_reason",
+                                     "started_at", "age")),
                   "  " + command_line(prefix, "acknowledge", attention[0]["operation_id"],
                                       "--evidence", "<what you did>")]
+    lines += _platform_lines(result)
     shown = result.get("settings")
     if shown:
         tools = ", ".join(map(_cell, shown.get(shown.get("mode"), []))) or "-"
@@ -120,12 +151,51 @@ def _status_text(result: dict, header: str, prefix: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
+# The first line of a write or verify command's text output; the fields below
+# it are the rest of its JSON document (docs/cli.md §Output).
+_ACTION_LINES = {
+    "resolve": lambda r: (f"resolved {r.get('resolved')} ({r.get('tool')}, was "
+                          f"{r.get('previous_state')}) as {r.get('outcome')}"
+                          + (" (forced)" if r.get("forced") else "")),
+    "acknowledge": lambda r: (f"acknowledged the late outcome ({r.get('late_reason')}) of "
+                              f"{r.get('acknowledged')} ({r.get('tool')})"),
+    "repair-checkpoint": lambda r: f"repaired head.json: {r.get('lost_event')}",
+    "archive": lambda r: (f"archived {(r.get('archived') or {}).get('count')} events into "
+                          f"{(r.get('archived') or {}).get('file')}"),
+    "restart-journal": lambda r: (
+        f"replaced the journal ({r.get('found')}); its files are kept in "
+        f"{r.get('evidence_directory')}; {len(r.get('carried_over') or [])} operation(s) "
+        f"carried over" + (", one lost operation brought back" if r.get("lost_operation")
+                           else "") + "; settle them before starting the workers"),
+    "verify": lambda r: (f"verified: {r.get('count')} events, {r.get('unresolved_count')} "
+                         f"unresolved, {r.get('attention_count')} late outcome(s)"
+                         + (", the exported checkpoint is an ancestor"
+                            if r.get("external_checkpoint") else "")),
+}
+
+
+def _action_text(command: str, result: dict) -> str:
+    """One summary line, then ``key: value`` for every other field."""
+    lines = [_ACTION_LINES[command](result)]
+    for key, value in sorted(result.items()):
+        if key in ("ok", "unresolved"):
+            continue
+        shown = json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else value
+        lines.append(f"  {key}: {_cell(shown)}")
+    for operation in result.get("unresolved") or []:
+        lines.append(f"  open: {operation.get('operation_id')} {_cell(operation.get('tool'))} "
+                     f"{operation.get('state')} {_cell(operation.get('reason'))}")
+    return "\n".join(lines)
+
+
 def render_text(command: str, result: dict, prefix: Optional[Sequence[str]] = None) -> str:
     """Aligned, human-readable tables for status/show/log and a readable error
     for any failed command; other results fall back to indented JSON.
     ``prefix``: how the operator commands are run here (default: stand-alone)."""
     if not result.get("ok", True):
         return _error_text(result)
+    if command in _ACTION_LINES:
+        return _action_text(command, result)
     if command not in ("status", "show", "log"):
         return json_text(result, 2)
     data_dir = result.get("data_dir") or ""
@@ -134,12 +204,15 @@ def render_text(command: str, result: dict, prefix: Optional[Sequence[str]] = No
     header = (f"integrity: {result.get('integrity')}   data dir: {data_dir}\n"
               f"events: {checkpoint.get('count', 0)}   head: {checkpoint.get('head', '-')}")
     if command == "status":
+        if result.get("journal") == "absent":
+            header += "\njournal: none yet (the profile's first protected call creates it)"
         return _status_text(result, header, prefix)
     if command == "show":
         operation = dict(result["operation"], owner=_owner_text(result["operation"]))
         if "age_seconds" in operation:
             operation["age"] = describe_age(operation["age_seconds"])
-        keys = ("operation_id", "tool", "state", "reason", "outcome", "started_at", "age",
+        keys = ("operation_id", "tool", "state", "reason", "outcome", "late_reason",
+                "started_at", "age",
                 "owner", "session_id", "tool_call_id", "args_hash", "fingerprint")
         width = max(map(len, keys)) + 1
         lines = [f"{(key + ':').ljust(width)} {_cell(operation.get(key))}" for key in keys

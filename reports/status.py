@@ -4,15 +4,23 @@ gauges.  Reads the journal and the owner lock; never writes.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+import time
+from typing import Any, Callable, Optional, Sequence
 
-from ..storage.errors import JournalError
-from ..storage.owner import OWNER_RUNNING, probe_lock
+from ..storage.database import DEFAULT_BUSY_TIMEOUT_SECONDS
+from ..storage.errors import JournalError, JournalUnavailable
+from ..storage.owner import OWNER_RUNNING, probe_lock, resolved_holders
+from ..storage.record import is_uuid
+from ..storage.writer_lock import stuck_writer
 from .messages import operation_view
 
 # Gate states (docs/cli.md §status).
 GATE_OPEN, GATE_BUSY, GATE_CLOSED = "open", "busy", "closed"
-
+# Rounds of "probe the owners, read the journal again" before open operations
+# are reported as they were last seen (a stopped worker settles in two).
+SETTLE_ATTEMPTS = 50
+# Seconds between two looks at an owner.lock holder whose call is not in the journal.
+OWNER_POLL_SECONDS = 0.01
 
 
 def gate_of(ok: bool, unresolved: list, in_flight: Optional[dict]) -> str:
@@ -30,29 +38,118 @@ def operation_waits_for_a_person(view: dict) -> bool:
     return not (view.get("state") == "pending" and view.get("owner") == OWNER_RUNNING)
 
 
+def settled_views(operations: Sequence[Any], read_open: Callable[[], Sequence[Any]],
+                  data_dir: str, *, now_ns: Optional[int] = None) -> list:
+    """:func:`operation_view` of the open operations, read so that a call that
+    is running or has just finished is never shown as waiting for a person.
+
+    A worker holds ``owner.lock`` from before its ``started`` until after its
+    outcome is committed.  So a ``pending`` operation whose owner probe says
+    it is not running is read again from the journal (``read_open()``, after
+    the probe): still pending there, its worker let go without an outcome
+    (it died); gone, it finished normally and is left out.  An operation that
+    appears in the re-read is probed in turn.  ``operations``: the first read
+    (:class:`Operation` or dicts); ``read_open`` may raise (the caller's errors)."""
+    confirmed: set = set()
+    views: list = []
+    for _ in range(SETTLE_ATTEMPTS):
+        views = [operation_view(operation, data_dir, now_ns=now_ns) for operation in operations]
+        doubtful = {view["operation_id"] for view in views
+                    if operation_waits_for_a_person(view) and view["state"] == "pending"
+                    and view["operation_id"] not in confirmed}
+        if not doubtful:
+            break
+        operations = read_open()
+        again = [operation_view(operation, data_dir, now_ns=now_ns, with_owner=False)
+                 for operation in operations]
+        confirmed |= {view["operation_id"] for view in again
+                      if view["state"] == "pending" and view["operation_id"] in doubtful}
+    return views
+
+
 def status_report(journal: Any, data_dir: str, *, now_ns: Optional[int] = None) -> dict:
     """Verified status (docs/guard.md §Inspection tools, docs/cli.md §status).
 
     ``{"ok", "integrity": "ok" | code, "data_dir", "gate", "checkpoint",
-    "unresolved": [operation_view...], "attention": [...], "in_flight"}``, plus
-    ``"error": {code, message, ...}`` when not ok.  Never raises
-    :class:`JournalError`.
+    "unresolved": [operation_view...], "attention": [...], "in_flight",
+    "resolved_running": [{"operation_id", "pid", "process_start"}...]}``, plus
+    ``"error": {code, message, ...}`` when not ok.  Open operations are read
+    with :func:`settled_views`; a lock held by the worker of a call an
+    operator resolved (``resolve --force``) is listed in ``resolved_running``,
+    never as the call in flight.  Never raises :class:`JournalError`.
     """
     in_flight = probe_lock(data_dir)
+    latest: list = []
+
+    def read_open() -> tuple:
+        latest[:] = [journal.status()]
+        return latest[0].unresolved
+
     try:
-        status = journal.status()
+        unresolved = settled_views(read_open(), read_open, data_dir, now_ns=now_ns)
+        status = latest[0]
+        resolved_running = resolved_holders(data_dir)
+        if (in_flight is not None and is_uuid(in_flight.get("operation_id"))
+                and journal.resolved_while_running(in_flight["operation_id"])):
+            resolved_running.insert(0, in_flight)
+            in_flight = None
+        busy_timeout = getattr(journal, "busy_timeout", DEFAULT_BUSY_TIMEOUT_SECONDS)
+        holder = _holder_without_a_call(journal, data_dir, in_flight,
+                                        {view["operation_id"] for view in unresolved},
+                                        2 * busy_timeout)
+        if holder is not None:  # every protected call is refused operation_in_flight
+            raise JournalUnavailable(
+                "owner_lock_stuck", f"process {holder.get('pid')} has held owner.lock for "
+                f"operation {holder.get('operation_id')}, which the journal does not show as "
+                f"running, for longer than twice the busy timeout: every protected call is "
+                f"refused (operation_in_flight) until it lets go. Find out what it is (ps -p "
+                f"{holder.get('pid')}) and stop it", owner=holder)
+        stuck = stuck_writer(journal.database_path, busy_timeout)
+        if stuck is not None:  # every protected call waits for it, then is refused
+            raise JournalUnavailable(
+                "database_locked", f"process {stuck} has held the journal's writer lock longer "
+                f"than the busy timeout without committing: every protected call is refused "
+                f"(database_locked) until it lets go. Find out what it is (ps -p {stuck}) and "
+                "stop it if it is not a worker finishing a long write", writer_pid=stuck)
     except JournalError as exc:
         return {"ok": False, "integrity": exc.code, "data_dir": data_dir, "gate": GATE_CLOSED,
                 "checkpoint": None, "unresolved": [], "attention": [], "in_flight": in_flight,
                 "error": exc.to_json()}
-    unresolved = [operation_view(operation, data_dir, now_ns=now_ns)
-                  for operation in status.unresolved]
     return {"ok": True, "integrity": "ok", "data_dir": data_dir,
             "gate": gate_of(True, unresolved, in_flight), "checkpoint": status.checkpoint,
             "unresolved": unresolved,
             "attention": [operation_view(operation, data_dir, now_ns=now_ns, with_owner=False)
                           for operation in status.attention],
-            "in_flight": in_flight}
+            "in_flight": in_flight, "resolved_running": resolved_running}
+
+
+def _holder_without_a_call(journal: Any, data_dir: str, in_flight: Optional[dict],
+                           open_ids: set, wait_seconds: float) -> Optional[dict]:
+    """The holder of ``owner.lock`` (``in_flight``) when, for ``wait_seconds``,
+    it keeps the lock with the same tag while the journal never shows its
+    operation open: not a call about to be recorded (a worker that cannot
+    record its ``started`` within the busy timeout lets go), nor one just
+    recorded and letting go, but a stuck or foreign process.  None otherwise.
+    Polls every :data:`OWNER_POLL_SECONDS`; raises :class:`JournalError`."""
+    if in_flight is None or in_flight.get("operation_id") in open_ids:
+        return None
+    deadline = time.monotonic() + wait_seconds
+    while time.monotonic() < deadline:
+        time.sleep(OWNER_POLL_SECONDS)
+        if probe_lock(data_dir) != in_flight or in_flight.get("operation_id") in {
+                operation.operation_id for operation in journal.status().unresolved}:
+            return None
+    return in_flight
+
+
+def absent_journal_status(data_dir: str) -> dict:
+    """``status`` of a Hermes profile whose first protected call has not come
+    yet (docs/cli.md §status): no journal, nothing to settle, the gate open.
+    Only where the data directory comes from the profile, never from a typed
+    ``--data-dir`` (a typo there stays ``journal_absent``)."""
+    return {"ok": True, "integrity": "ok", "data_dir": data_dir, "journal": "absent",
+            "gate": GATE_OPEN, "checkpoint": None, "unresolved": [], "attention": [],
+            "in_flight": None}
 
 
 def prometheus_text(result: dict, *, now_ns: Optional[int] = None) -> str:
@@ -78,6 +175,15 @@ def prometheus_text(result: dict, *, now_ns: Optional[int] = None) -> str:
          "outcome or an integrity failure), 0 if open or busy with a running call.",
          1 if result.get("gate") not in (GATE_OPEN, GATE_BUSY) else 0),
     )
+    shown = result.get("settings")
+    if shown:  # inside Hermes, where the profile's settings are known
+        gauges += (
+            ("settings_problem", "1 if the plugin's settings could not be read exactly (every "
+             "tool is then protected), 0 if not.", 1 if shown.get("problem") else 0),
+            ("unmatched_tools", "Listed tool names that match no tool the host registered "
+             "(-1: the host's tool list is unknown).", -1 if shown.get("unmatched_tools") is None
+             else len(shown["unmatched_tools"])),
+        )
     lines = []
     for name, help_text, value in gauges:
         lines += [f"# HELP crash_recovery_{name} {help_text}",

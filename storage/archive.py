@@ -15,6 +15,7 @@ the writer lock) is :meth:`journal.Journal.archive`.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -27,10 +28,10 @@ from typing import Any, Iterator, Optional
 from .chain import Chain, PossibleReuse, extend_chain
 from .durable import (fsync_directory, fsync_file, make_durable_directories, read_regular_file,
                       remove_files_of_dead_processes, storage_error, write_atomically)
-from .errors import IntegrityError, JournalError
+from .errors import AdmissionRefused, IntegrityError, JournalError
 from .record import (INTENT_NAME, SCHEMA, canonical_text, checkpoint_shape_problem, decode_payload,
                      genesis_hash, is_uuid)
-from .schema import (SQL_COUNT_EVENTS, SQL_INSERT_EVENT, SQL_SELECT_ALL_EVENTS, SQL_SELECT_HASH_AT,
+from .schema import (SQL_INSERT_EVENT, SQL_SELECT_ALL_EVENTS, SQL_SELECT_HASH_AT,
                      SQL_SELECT_LAST_EVENT, SQL_SELECT_METADATA, SQL_SELECT_OPERATION_EVENTS,
                      SQL_SELECT_PAYLOAD_AT, SQL_SELECT_ROWS_AFTER, schema_problem)
 
@@ -39,8 +40,11 @@ ARCHIVE_SUFFIX = ".sqlite3"
 # INTENT_NAME (record.py) holds the switch in progress: {"from": checkpoint of the
 # sealed journal, "to": the new journal id, "file": the archive, "temp": the copy}.
 # While it exists, the next writer finishes or undoes the switch.
-# An anchor chain longer than this is refused as a loop.
+# An anchor chain is followed at most this far.
 MAX_ARCHIVES = 100000
+# Opening the intent fails with these when something other than a regular file
+# lies at its name (durable.open_regular_file): not a switch of ours.
+_NOT_AN_INTENT_FILE = frozenset((errno.ELOOP, errno.EINVAL, errno.EISDIR))
 # An unfinished copy: archive/copy.<pid>-<8 hex>.tmp (and SQLite's -journal beside it).
 _COPY_NAME = re.compile(r"copy\.(\d+)-[0-9a-f]{8}\.tmp")
 _COPY_SUFFIXES = ("", "-journal")
@@ -64,11 +68,54 @@ def copy_path(data_dir: str, relative: Any) -> Optional[str]:
     return os.path.join(data_dir, ARCHIVE_DIRECTORY, name)
 
 
-def remove_stale_copies(data_dir: str) -> list:
+def remove_stale_copies(data_dir: str, seen: Optional[tuple] = None) -> tuple:
     """Remove unfinished copies whose process is gone (a copy runs without the
-    writer lock, so a live one is left alone); returns the names removed."""
-    return remove_files_of_dead_processes(os.path.join(data_dir, ARCHIVE_DIRECTORY),
-                                          _COPY_FILE)
+    writer lock, so a live one is left alone).  ``seen``: what the previous
+    call returned; returns ``(state of archive/, names of live copies left)``
+    to pass next time.  The directory is listed again only when it changed
+    since, or when a copy was left to a live process then (it may have died
+    since): a long-running writer pays one ``stat`` per write, whatever the
+    number of archives.  Never raises."""
+    directory = os.path.join(data_dir, ARCHIVE_DIRECTORY)
+    try:  # taken before the listing: a copy created after it changes the state
+        found = os.stat(directory)
+        state: Optional[tuple] = (found.st_ino, found.st_mtime_ns, found.st_ctime_ns)
+    except OSError:
+        state = None
+    if seen is not None and seen[0] == state and not seen[1]:
+        return seen
+    remove_files_of_dead_processes(directory, _COPY_FILE)
+    try:
+        left = tuple(name for name in os.listdir(directory) if _COPY_FILE.fullmatch(name))
+    except OSError:
+        left = ()
+    return state, left
+
+
+def check_directory(data_dir: str) -> None:
+    """``archive/`` is absent or a real directory inside the data directory:
+    sealed history is never written through a symbolic link or into another
+    kind of file.  Raises :class:`AdmissionRefused` ``archive_refused``
+    (``details["archive_directory"]``: what was found), changing nothing."""
+    path = os.path.join(data_dir, ARCHIVE_DIRECTORY)
+    try:
+        found = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise storage_error(exc, f"examining {ARCHIVE_DIRECTORY}/") from None
+    if stat.S_ISDIR(found.st_mode):
+        return
+    if stat.S_ISLNK(found.st_mode):
+        kind, what = "symbolic_link", "a symbolic link"
+    else:
+        kind, what = "not_a_directory", "not a directory"
+    raise AdmissionRefused(
+        "archive_refused", f"{ARCHIVE_DIRECTORY} in the data directory is {what}; archives are "
+        f"written only into a real {ARCHIVE_DIRECTORY}/ directory inside the data directory "
+        "(never through a link): move it away, make a directory in its place (with the "
+        "archive files it held), then archive again; nothing was changed",
+        archive_directory=kind)
 
 
 def relative_name(journal_id: str) -> str:
@@ -127,53 +174,88 @@ def _summary(connection: sqlite3.Connection, anchor: dict) -> tuple:
 
 
 def check_anchor(data_dir: str, anchor: dict) -> None:
-    """Each archive the anchor chain names exists and ends exactly where its
-    anchor says (journal id, count, head); cheap: two rows per archive.
-    Raises ``archive_missing`` or ``archive_mismatch``."""
-    for _ in range(MAX_ARCHIVES):
-        with contextlib.closing(_open(archive_path(data_dir, anchor))) as connection:
-            journal_id, count, head, first = _summary(connection, anchor)
-        if (journal_id, count, head) != (anchor["journal_id"], anchor["count"], anchor["head"]):
-            raise _mismatch(anchor, f"holds journal {journal_id} at {count} events ending "
-                                    f"{str(head)[:12]}..., the anchor names "
-                                    f"{anchor['journal_id']} at {anchor['count']}")
-        earlier = decode_payload(first) if first else None
-        if not (isinstance(earlier, dict) and earlier.get("kind") == "archived"):
-            return
-        anchor = earlier["archive"]
-    raise _mismatch(anchor, "the chain of archives does not end")
+    """The archive ``anchor`` names exists and ends exactly where the anchor
+    says (journal id, count, head); cheap: two rows of one archive, whatever
+    the number of archives (older ones: :func:`verify_archive` on each, as
+    ``verify --all`` does).  Raises ``archive_missing`` or ``archive_mismatch``."""
+    with contextlib.closing(_open(archive_path(data_dir, anchor))) as connection:
+        journal_id, count, head, _ = _summary(connection, anchor)
+    if (journal_id, count, head) != (anchor["journal_id"], anchor["count"], anchor["head"]):
+        raise _mismatch(anchor, f"holds journal {journal_id} at {count} events ending "
+                                f"{str(head)[:12]}..., the anchor names "
+                                f"{anchor['journal_id']} at {anchor['count']}")
+
+
+def _older_anchor(data_dir: str, anchor: dict) -> Optional[dict]:
+    """The anchor that the archive ``anchor`` names begins with (the next
+    older archive), or None.  Raises ``archive_missing``/``archive_mismatch``."""
+    with contextlib.closing(_open(archive_path(data_dir, anchor))) as connection:
+        first = _summary(connection, anchor)[3]
+    earlier = decode_payload(first) if isinstance(first, str) else None
+    if not (isinstance(earlier, dict) and earlier.get("kind") == "archived"):
+        return None
+    older = earlier.get("archive")
+    if not (isinstance(older, dict) and isinstance(older.get("journal_id"), str)):
+        raise _mismatch(anchor, "its first event is an anchor of no archive")
+    return older
 
 
 def anchors(data_dir: str, anchor: Optional[dict]) -> list:
     """Every anchor of the chain, newest archive first ([] for None)."""
-    found = []
+    return _walk(anchor, lambda current: _older_anchor(data_dir, current))
+
+
+def _walk(anchor: Optional[dict], older: Any) -> list:
+    """The anchors from ``anchor`` on, ``older(anchor)`` giving the next one;
+    ``archive_mismatch`` for a chain that loops."""
+    found, seen = [], set()
     while anchor is not None and len(found) < MAX_ARCHIVES:
+        if anchor.get("journal_id") in seen:
+            raise _mismatch(anchor, "the chain of archives loops")
+        seen.add(anchor.get("journal_id"))
         found.append(anchor)
-        with contextlib.closing(_open(archive_path(data_dir, anchor))) as connection:
-            first = _summary(connection, anchor)[3]
-        earlier = decode_payload(first) if first else None
-        anchor = earlier["archive"] if (isinstance(earlier, dict)
-                                        and earlier.get("kind") == "archived") else None
+        anchor = older(anchor)
     return found
 
 
-def verify_archive(data_dir: str, anchor: dict) -> Chain:
+def anchor_of(data_dir: str, anchor: Optional[dict], journal_id: str) -> Optional[dict]:
+    """The anchor of the archive of journal ``journal_id`` on the chain from
+    ``anchor`` (newest first), or None when the chain ends without it.  Opens
+    one archive per archive passed.  Raises ``archive_missing`` /
+    ``archive_mismatch`` for a chain broken on the way."""
+    for _ in range(MAX_ARCHIVES):
+        if not isinstance(anchor, dict):
+            return None
+        if anchor.get("journal_id") == journal_id:
+            return anchor
+        anchor = _older_anchor(data_dir, anchor)
+    return None
+
+
+def continues(data_dir: str, anchor: Optional[dict], journal_id: str, count: int,
+              head: str) -> bool:
+    """Whether the chain of archives from ``anchor`` seals journal
+    ``journal_id`` with its first ``count`` events ending at ``head`` --
+    however many archives were made since: what a process verified before is
+    then archived history, not lost.  Raises as :func:`anchor_of`."""
+    found = anchor_of(data_dir, anchor, journal_id)
+    if found is None:
+        return False
+    sealed = found.get("count", -1)
+    if count == sealed:
+        return found.get("head") == head
+    return 0 < count < sealed and hash_at(data_dir, found, count) == head
+
+
+def verify_archive(data_dir: str, anchor: dict, follow: bool = True) -> Chain:
     """Verify one archive end to end (schema, every row, the anchor's summary);
-    returns its chain.  Raises :class:`IntegrityError` (the underlying verdict
-    is named in the message, the code is ``archive_mismatch``)."""
+    returns its chain.  ``follow``: also check the next older archive's
+    anchor (:func:`check_anchor`; off when the caller verifies every archive
+    of the chain itself).  Raises :class:`IntegrityError` (the underlying
+    verdict is named in the message, the code is ``archive_mismatch``)."""
     with contextlib.closing(_open(archive_path(data_dir, anchor))) as connection:
         try:
-            schema_problem(connection)
-            journal_id = _summary(connection, anchor)[0]
-            for exact in (None, set()):
-                chain = Chain(journal_id=journal_id, schema=SCHEMA, count=0,
-                              head=genesis_hash(journal_id, SCHEMA), exact_ids=exact)
-                try:
-                    extend_chain(chain, connection.execute(SQL_SELECT_ROWS_AFTER, (0,)),
-                                 full=True)
-                    break
-                except PossibleReuse:
-                    continue
+            chain = _verified_chain(connection, _summary(connection, anchor)[0])
         except JournalError as exc:
             raise _mismatch(anchor, f"{exc.code}: {exc.message}") from None
         except sqlite3.Error as exc:
@@ -181,9 +263,32 @@ def verify_archive(data_dir: str, anchor: dict) -> Chain:
     if (chain.journal_id, chain.count, chain.head) != (anchor["journal_id"], anchor["count"],
                                                        anchor["head"]):
         raise _mismatch(anchor, "its verified end differs from the anchor")
-    if chain.archive is not None:
+    if follow and chain.archive is not None:
         check_anchor(data_dir, chain.archive)
     return chain
+
+
+def verify_every_archive(data_dir: str, anchor: Optional[dict]) -> list:
+    """Verify every archive of the chain from ``anchor`` end to end, each once
+    and with one connection (linear in events); returns their anchors,
+    newest first.  Raises as :func:`verify_archive`, and ``archive_mismatch``
+    for a chain that loops."""
+    return _walk(anchor, lambda current: verify_archive(data_dir, current, follow=False).archive)
+
+
+def _verified_chain(connection: sqlite3.Connection, journal_id: Any) -> Chain:
+    """Every row of a journal database verified from its genesis (schema
+    first).  Raises :class:`JournalError` and ``sqlite3.Error``."""
+    schema_problem(connection)
+    for exact in (None, set()):
+        chain = Chain(journal_id=journal_id, schema=SCHEMA, count=0,
+                      head=genesis_hash(journal_id, SCHEMA), exact_ids=exact)
+        try:
+            extend_chain(chain, connection.execute(SQL_SELECT_ROWS_AFTER, (0,)), full=True)
+            return chain
+        except PossibleReuse:
+            continue
+    raise AssertionError("unreachable: the exact pass never raises PossibleReuse")
 
 
 def hash_at(data_dir: str, anchor: dict, seq: int) -> Optional[str]:
@@ -225,13 +330,54 @@ def start_copy(database_path: str, temp_path: str) -> None:
         source.close()
 
 
-def copied_count(temp_path: str) -> int:
-    """The number of events in a copy made by :func:`start_copy`."""
-    copy = sqlite3.connect("file:" + urllib.parse.quote(temp_path) + "?mode=ro", uri=True)
+def verify_copy(temp_path: str) -> Chain:
+    """Verify a copy made by :func:`start_copy` end to end, without the
+    writer lock; returns its chain (journal id, count, head).  The switch
+    then seals it only when it is exactly a prefix of the live journal (see
+    ``journal.Journal.archive``).  Raises :class:`JournalError` and
+    ``sqlite3.Error`` (the caller translates)."""
+    copy = sqlite3.connect("file:" + urllib.parse.quote(temp_path) + "?mode=ro", uri=True,
+                           isolation_level=None)
     try:
-        return copy.execute(SQL_COUNT_EVENTS).fetchone()[0]
+        journal_id = dict(copy.execute(SQL_SELECT_METADATA).fetchall()).get("journal_id")
+        if not is_uuid(journal_id):
+            raise IntegrityError("archive_mismatch", "the archive copy names no journal; "
+                                 "nothing was switched")
+        return _verified_chain(copy, journal_id)
     finally:
         copy.close()
+
+
+def refuse_stale_copy(copied: Chain, live: Chain, live_hash_at_copied: Optional[str]) -> None:
+    """Under the writer lock: the verified copy must be a prefix of the live
+    journal -- the same journal, no longer, and the live hash at the copy's
+    last event equal to the copy's head.  Otherwise another archive switched
+    the segment away (or history changed) while this one copied, and sealing
+    the copy would throw committed events away: :class:`AdmissionRefused`
+    ``archive_refused``, nothing changed."""
+    if (copied.journal_id == live.journal_id and copied.count <= live.count
+            and live_hash_at_copied == copied.head):
+        return
+    raise AdmissionRefused(
+        "archive_refused", f"the live history changed while it was copied (journal "
+        f"{copied.journal_id} with {copied.count} events was copied; the live journal is now "
+        f"{live.journal_id} with {live.count}): another archive sealed it meanwhile. Nothing was "
+        "changed; run archive again to seal the new segment", copied=copied.checkpoint(),
+        live=live.checkpoint())
+
+
+def refuse_taken_name(data_dir: str, journal_id: str) -> str:
+    """Under the writer lock, before the intent: the path the archive of
+    ``journal_id`` will have, refused (``archive_refused``) when anything
+    already has that name -- an archive is never replaced.  Checks the
+    directory again too (it may have been swapped since the copy began)."""
+    check_directory(data_dir)
+    final = archive_path(data_dir, {"file": relative_name(journal_id)})
+    if os.path.lexists(final):
+        raise AdmissionRefused("archive_refused", f"{relative_name(journal_id)} already exists; "
+                               "an archive is never replaced: a person must look (nothing was "
+                               "changed)", file=relative_name(journal_id))
+    return final
 
 
 def discard(temp_path: str) -> None:
@@ -319,7 +465,14 @@ def read_intent(data_dir: str) -> Optional[dict]:
         return json.loads(read_regular_file(os.path.join(data_dir, INTENT_NAME)))
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
+        if exc.errno not in _NOT_AN_INTENT_FILE:
+            # Out of descriptors or memory, an I/O error: this process cannot
+            # read its files now; that says nothing about an archive switch.
+            raise storage_error(exc, f"reading {INTENT_NAME}") from None
+        raise IntegrityError("archive_interrupted", f"{INTENT_NAME} is not a regular file "
+                             f"({exc})") from None
+    except ValueError as exc:
         raise IntegrityError("archive_interrupted", f"{INTENT_NAME} is unreadable ({exc})") \
             from None
 

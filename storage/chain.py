@@ -61,8 +61,8 @@ class SeenIds:
 
     def settle(self) -> None:
         """Raise :class:`PossibleReuse` if any digest was gathered twice."""
-        for bucket in self.buckets:
-            if len(set(bucket)) != len(bucket):
+        for bucket in self.buckets:  # most are empty in a short segment: no set built
+            if len(bucket) > 1 and len(set(bucket)) != len(bucket):
                 raise PossibleReuse()
 
     def add(self, digest: int) -> None:
@@ -95,10 +95,13 @@ class Operation:
     reason: Optional[str] = None
     outcome: Optional[str] = None
     late_reason: Optional[str] = None
+    # An operation brought back for a lost event: when that event can have
+    # happened, ``{"after_ns", "before_ns"}`` (docs/format.md §Events).
+    lost_window: Optional[dict] = None
 
     def to_json(self) -> dict:
-        """JSON-safe dict of every field."""
-        return {
+        """JSON-safe dict of every field (``lost_window`` only when set)."""
+        shown = {
             "operation_id": self.operation_id, "state": self.state, "tool": self.tool,
             "session_id": self.session_id, "tool_call_id": self.tool_call_id,
             "args_hash": self.args_hash, "fingerprint": self.fingerprint,
@@ -106,6 +109,9 @@ class Operation:
             "last_seq": self.last_seq, "reason": self.reason, "outcome": self.outcome,
             "late_reason": self.late_reason,
         }
+        if self.lost_window is not None:
+            shown["lost_window"] = self.lost_window
+        return shown
 
 
 def operation_key(operation_id: str) -> bytes:
@@ -171,7 +177,16 @@ def operation_from_started(operation_id: str, started_text: bytes, started_seq: 
                      session_id=started["session_id"], tool_call_id=started["tool_call_id"],
                      args_hash=started["args_hash"], fingerprint=started["fingerprint"],
                      started_seq=started_seq, started_ns=started["timestamp_ns"],
-                     last_seq=last_seq, reason=reason, outcome=outcome, late_reason=late_reason)
+                     last_seq=last_seq, reason=reason, outcome=outcome, late_reason=late_reason,
+                     lost_window=_window(started.get("lost_window")))
+
+
+def _window(value: object) -> Optional[dict]:
+    """A well-formed ``lost_window`` or None (it is evidence, never trusted blindly)."""
+    if (isinstance(value, dict) and isinstance(value.get("before_ns"), int)
+            and (value.get("after_ns") is None or isinstance(value.get("after_ns"), int))):
+        return {"after_ns": value.get("after_ns"), "before_ns": value["before_ns"]}
+    return None
 
 
 @dataclass(frozen=True)

@@ -24,11 +24,12 @@ import uuid
 from typing import Optional
 
 from . import forksafe
-from .durable import (BOUNDARY_KIND_GENESIS, TEMP_SUFFIX, file_state, fsync_directory, fsync_file,
-                      make_durable_directories, reach_boundary, remove_files_of_dead_processes,
-                      storage_error, temp_path_for)
+from .durable import (BOUNDARY_KIND_GENESIS, TEMP_SUFFIX, file_size, file_state, fsync_directory,
+                      fsync_file, make_durable_directories, reach_boundary,
+                      remove_files_of_dead_processes, storage_error, temp_path_for)
 from .errors import IntegrityError, JournalError, JournalUnavailable, short
 from .opening import refuse_rewritable_database
+from . import wal_keeper
 from .record import (CHECKPOINT_NAME, DATABASE_NAME, MARKER_NAME, SCHEMA, SHM_SUFFIX, WAL_SUFFIX,
                      is_uuid)
 from .schema import SQL_SELECT_METADATA, SQL_SELECT_TABLES, create_schema, schema_problem
@@ -85,8 +86,30 @@ def _forget_database(path: str) -> None:
         remaining = _OPEN_DATABASES.get(path, 0) - 1
         if remaining > 0:
             _OPEN_DATABASES[path] = remaining
-        else:
-            _OPEN_DATABASES.pop(path, None)
+            return
+        _OPEN_DATABASES.pop(path, None)
+        held = _HELD_DESCRIPTORS.pop(path, [])
+    for descriptor in held:
+        with contextlib.suppress(OSError):
+            os.close(descriptor)
+
+
+# Raw descriptors of a database file (storage/calls.py flocks it) whose close
+# waits until this process holds no connection to that file (path -> [fd]).
+_HELD_DESCRIPTORS: dict = {}
+
+
+def close_database_descriptor(path: str, descriptor: int) -> None:
+    """Close a raw descriptor of the database file at ``path``: now when no
+    connection of this process has that file open, else when the last one
+    closes (closing it earlier would drop their POSIX locks, see above).
+    Never raises."""
+    with _OPEN_DATABASES_LOCK:
+        if path in _OPEN_DATABASES:
+            _HELD_DESCRIPTORS.setdefault(path, []).append(descriptor)
+            return
+    with contextlib.suppress(OSError):
+        os.close(descriptor)
 
 
 class Database:
@@ -124,6 +147,7 @@ class Database:
         self._files_seen = None
         self._wal_identity = None
         _OPEN_DATABASES.clear()  # the child holds no POSIX locks of its own
+        _HELD_DESCRIPTORS.clear()
 
     # --------------------------------------------------------- opening --
 
@@ -179,12 +203,11 @@ class Database:
                     "?mode=ro&immutable=1" if self.immutable else "?mode=ro")
                 connection = sqlite3.connect(uri, uri=True, timeout=self.busy_timeout,
                                              isolation_level=None, check_same_thread=False)
+                _remember_database(self.path)  # before any statement takes a lock
             else:
-                connection = sqlite3.connect(self.path, timeout=self.busy_timeout,
-                                             isolation_level=None, check_same_thread=False)
+                connection = self._open_writable()
         except sqlite3.Error as exc:
             raise translate_sqlite_error(exc, "opening the journal database") from None
-        _remember_database(self.path)  # before any statement takes a lock
         try:
             if not self.readonly:
                 self._refuse_foreign_tables(connection)
@@ -199,16 +222,62 @@ class Database:
                 self._wal_identity = None if wal is None else wal[:2]
             identity = os.stat(self.path)
         except sqlite3.Error as exc:
-            connection.close()
-            _forget_database(self.path)
+            self._release(connection)
             raise translate_sqlite_error(exc, "configuring the journal database") from None
         except BaseException:
-            connection.close()
-            _forget_database(self.path)
+            self._release(connection)
             raise
         self.connection = connection
         self._file_identity = (identity.st_dev, identity.st_ino)
         return connection
+
+    def _open_writable(self) -> sqlite3.Connection:
+        """A read-write connection, registered with :mod:`wal_keeper` (one this
+        process parked for the same file is taken back).  Raises
+        ``sqlite3.Error`` and :class:`JournalUnavailable`."""
+        try:
+            wal_keeper.register(self.path)
+        except OSError as exc:
+            self._close_spare_descriptors()
+            raise storage_error(exc, "registering this process with the journal") from None
+        try:
+            found = os.stat(self.path)
+            connection = wal_keeper.take_parked(self.path, (found.st_dev, found.st_ino))
+            if connection is None:
+                connection = sqlite3.connect(self.path, timeout=self.busy_timeout,
+                                             isolation_level=None, check_same_thread=False)
+                _remember_database(self.path)  # before any statement takes a lock
+        except OSError as exc:
+            wal_keeper.unregister(self.path)
+            self._close_spare_descriptors()
+            raise storage_error(exc, "opening the journal database") from None
+        except BaseException:
+            wal_keeper.unregister(self.path)
+            self._close_spare_descriptors()
+            raise
+        wal_keeper.adopt(self.path, connection)
+        return connection
+
+    def _close_spare_descriptors(self) -> None:
+        for descriptor in wal_keeper.spare_descriptors():
+            close_database_descriptor(self.path, descriptor)
+
+    def _release(self, connection: sqlite3.Connection) -> None:
+        """Close a connection of this Database; a read-write one through
+        :func:`wal_keeper.close`, which may park it (then it stays counted as
+        open here).  Never raises."""
+        if self.readonly:
+            with contextlib.suppress(sqlite3.Error):
+                connection.close()
+            _forget_database(self.path)
+            return
+        try:
+            parked = wal_keeper.close(self.path, self._file_identity, connection)
+        except (sqlite3.Error, OSError):
+            parked = False
+        if not parked:
+            _forget_database(self.path)
+        self._close_spare_descriptors()
 
     def _create_database_file(self) -> None:
         """Build a new journal (WAL mode, tables, metadata, triggers) under a
@@ -274,9 +343,7 @@ class Database:
         self._files_seen = None
         self._wal_identity = None
         if self.connection is not None:
-            with contextlib.suppress(sqlite3.Error):
-                self.connection.close()
-            _forget_database(self.path)
+            self._release(self.connection)
         self.connection = None
 
     @staticmethod
@@ -364,6 +431,20 @@ class Database:
                 "wal_missing",
                 f"{DATABASE_NAME}{WAL_SUFFIX} was deleted or replaced while this worker had the "
                 "journal open; events it committed may exist only in the lost file")
+
+    def read_failure(self, exc: sqlite3.Error, action: str) -> JournalError:
+        """:func:`translate_sqlite_error`, except that a read-only reader that
+        fails beside a ``-shm`` whose ``-wal`` is gone (or empty) names the cause: SQLite
+        removes both together when the last connection closes, so the WAL was
+        deleted under a worker (``wal_missing``, the verdict that worker gives)."""
+        if (self.readonly and "i/o" in str(exc).lower()
+                and os.path.lexists(self.path + SHM_SUFFIX)
+                and file_size(self.path + WAL_SUFFIX) <= 0):  # gone (or re-made empty)
+            return IntegrityError(
+                "wal_missing", f"{DATABASE_NAME}{WAL_SUFFIX} is gone while "
+                f"{DATABASE_NAME}{SHM_SUFFIX} remains: it was deleted while a worker had the "
+                "journal open; events committed to it may be lost")
+        return translate_sqlite_error(exc, action)
 
     def _check_file_identity(self) -> None:
         """Detect a database deleted or replaced under a live connection."""

@@ -18,8 +18,9 @@ import sqlite3
 import urllib.parse
 from typing import Any, Optional
 
+from . import archive
 from .durable import file_size, read_regular_file, storage_error
-from .errors import IntegrityError, short
+from .errors import IntegrityError, JournalError, short
 from .record import (CHECKPOINT_NAME, DATABASE_NAME, KIND_ARCHIVED, MARKER_NAME, WAL_SUFFIX,
                      genesis_hash)
 from .schema import SQL_SELECT_HASH_AT, SQL_SELECT_LAST_EVENT, SQL_SELECT_METADATA, SQL_SELECT_ROW
@@ -95,7 +96,8 @@ def _check_wal_owner(database: Any) -> None:
         # real open reports on is no evidence here.
         return
     journal_id = main_only["journal_id"]
-    if with_wal is None or _anchors(with_wal["first_payload"], journal_id):
+    if with_wal is None or (with_wal["journal_id"] != journal_id and _anchors(
+            database.data_dir, with_wal["first_payload"], journal_id)):
         return  # e.g. an archive switch's new journal, still only in the WAL
     first_linked = with_wal["first_previous"] in (None, genesis_hash(journal_id,
                                                                      main_only["schema"]))
@@ -158,14 +160,20 @@ def _view(database: Any, uri: str, seq: Optional[int]) -> Optional[dict]:
         probe.close()
 
 
-def _anchors(payload: Any, sealed_journal_id: str) -> bool:
-    """Whether ``payload`` (event 1's text) is an archive anchor of the
-    journal ``sealed_journal_id`` (docs/format.md §Archives): after a switch
-    the new journal may live only in the WAL until the next checkpoint."""
+def _anchors(data_dir: str, payload: Any, sealed_journal_id: str) -> bool:
+    """Whether ``payload`` (event 1's text) is an archive anchor whose chain
+    of archives reaches the journal ``sealed_journal_id`` (docs/format.md
+    §Archives): after one switch or several, the new journal may live only
+    in the WAL until the next checkpoint.  A chain that cannot be followed
+    (an archive missing or damaged) does not count."""
     try:
         first = json.loads(payload) if isinstance(payload, str) else None
     except (ValueError, RecursionError):
         return False
-    return (isinstance(first, dict) and first.get("kind") == KIND_ARCHIVED
-            and isinstance(first.get("archive"), dict)
-            and first["archive"].get("journal_id") == sealed_journal_id)
+    if not (isinstance(first, dict) and first.get("kind") == KIND_ARCHIVED
+            and isinstance(first.get("archive"), dict)):
+        return False
+    try:
+        return archive.anchor_of(data_dir, first["archive"], sealed_journal_id) is not None
+    except JournalError:
+        return False

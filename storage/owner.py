@@ -25,13 +25,15 @@ is never the database (SQLite's own locking is of the record kind).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
-from typing import Optional
+from typing import Callable, Iterator, Optional
 
 from . import forksafe
 from .durable import open_regular_file
+from .record import is_uuid
 
 try:
     import fcntl
@@ -46,6 +48,10 @@ OWNER_UNKNOWN = "unknown"
 # times, this many seconds apart, before it concludes another worker is in flight.
 ACQUIRE_ATTEMPTS = 20
 ACQUIRE_PAUSE_SECONDS = 0.005
+# ``owner.lock.<operation id>``: the lock of a call an operator resolved while
+# its worker still held it, moved aside so that the profile is not kept busy;
+# while it is held, that call's late outcome may still arrive.
+RETIRED_PREFIX = OWNER_LOCK_NAME + "."
 
 
 def process_start_time(pid: Optional[int] = None) -> Optional[float]:
@@ -74,7 +80,8 @@ class OwnerLock:
     """
 
     def __init__(self, data_dir: str):
-        self.path = os.path.join(os.fspath(data_dir), OWNER_LOCK_NAME)
+        self.data_dir = os.fspath(data_dir)
+        self.path = os.path.join(self.data_dir, OWNER_LOCK_NAME)
         self._descriptor: Optional[int] = None
         forksafe.register(self)
 
@@ -88,31 +95,53 @@ class OwnerLock:
             except OSError:
                 pass
 
-    def acquire(self, operation_id: str) -> bool:
-        """Lock and tag ``owner.lock``; False if another process holds it."""
+    def acquire(self, operation_id: str,
+                retire_if: Optional[Callable[[str], bool]] = None) -> bool:
+        """Lock and tag ``owner.lock``; False if another process holds it.
+
+        ``retire_if(operation_id) -> bool`` is asked about the operation a
+        holder's tag names; True (an operator resolved it while its worker
+        still runs) moves that holder's lock aside (:func:`retire_holder`) and
+        this call takes a fresh ``owner.lock``: a resolved operation never keeps
+        the profile busy (docs/cli.md §Owner)."""
         if fcntl is None:
             return True
-        # A symlink/FIFO planted as owner.lock refuses (OSError), never blocks.
-        descriptor = open_regular_file(self.path, os.O_RDWR | os.O_CREAT)
-        try:
-            for attempt in range(ACQUIRE_ATTEMPTS):
+        asked: set = set()
+        for attempt in range(ACQUIRE_ATTEMPTS):
+            holder = None
+            with _tags_settled(self.data_dir, exclusive=True):
+                # A symlink/FIFO planted as owner.lock refuses (OSError), never blocks.
+                descriptor = open_regular_file(self.path, os.O_RDWR | os.O_CREAT)
                 try:
                     fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
                 except BlockingIOError:
-                    if attempt == ACQUIRE_ATTEMPTS - 1:
-                        os.close(descriptor)
-                        return False
-                    time.sleep(ACQUIRE_PAUSE_SECONDS)
-            tag = json.dumps({"operation_id": operation_id, "pid": os.getpid(),
-                              "process_start": process_start_time()}).encode("utf-8")
-            os.ftruncate(descriptor, 0)
-            os.pwrite(descriptor, tag, 0)
-        except BaseException:
-            os.close(descriptor)  # closing also drops the lock
-            raise
-        self._descriptor = descriptor
-        return True
+                    holder = _read_tag(descriptor)
+                    os.close(descriptor)
+                except BaseException:
+                    os.close(descriptor)
+                    raise
+                else:
+                    try:
+                        # Tagged under the directory lock: a reader holding it
+                        # never sees a new holder with the previous holder's tag.
+                        tag = json.dumps({"operation_id": operation_id, "pid": os.getpid(),
+                                          "process_start": process_start_time()}).encode("utf-8")
+                        os.ftruncate(descriptor, 0)
+                        os.pwrite(descriptor, tag, 0)
+                    except BaseException:
+                        os.close(descriptor)  # closing also drops the lock
+                        raise
+                    self._descriptor = descriptor
+                    _remove_released(self.data_dir)
+                    return True
+            named = (holder or {}).get("operation_id")
+            if retire_if is not None and is_uuid(named) and named not in asked:
+                asked.add(named)  # one question per holder: the journal is read each time
+                if retire_if(named) and retire_holder(self.data_dir, named):
+                    continue
+            if attempt < ACQUIRE_ATTEMPTS - 1:
+                time.sleep(ACQUIRE_PAUSE_SECONDS)
+        return False
 
     def release(self) -> None:
         """Clear the tag, unlock, close; a no-op when this object holds nothing.
@@ -131,6 +160,136 @@ class OwnerLock:
             os.close(descriptor)
 
 
+@contextlib.contextmanager
+def _tags_settled(data_dir: str, *, exclusive: bool) -> Iterator[bool]:
+    """Hold a ``flock`` on the data directory itself while ``owner.lock`` is
+    taken and tagged (``exclusive``) or a holder's tag is read: so a reader
+    never mistakes a new holder for the previous one whose tag is still in the
+    file, and two workers never move the same lock aside.  Held for
+    microseconds; yields False (and goes on unprotected) when the directory
+    cannot be locked within the acquire attempts."""
+    try:
+        descriptor = os.open(data_dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        yield False
+        return
+    try:
+        locked = False
+        for attempt in range(ACQUIRE_ATTEMPTS):
+            try:
+                fcntl.flock(descriptor, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+                            | fcntl.LOCK_NB)
+                locked = True
+                break
+            except BlockingIOError:
+                time.sleep(ACQUIRE_PAUSE_SECONDS)
+            except OSError:
+                break
+        yield locked
+    finally:
+        os.close(descriptor)  # drops the flock
+
+
+def _read_tag(descriptor: int) -> Optional[dict]:
+    """The tag in an owner lock file, or None (empty, partial, not JSON)."""
+    try:
+        tag = json.loads(os.pread(descriptor, 4096, 0) or b"null")
+    except (OSError, ValueError, RecursionError):
+        return None
+    return tag if isinstance(tag, dict) else None
+
+
+def retire_holder(data_dir: str, operation_id: str) -> bool:
+    """Move ``owner.lock`` aside to ``owner.lock.<operation_id>`` when it is
+    held and its tag names ``operation_id`` -- an operation an operator has
+    resolved (``resolve --force``) -- so that the next call takes a fresh lock
+    while that worker keeps its own on the moved file (its late outcome still
+    counts, :func:`resolved_holders`).  Moved files no longer held are removed.
+    Returns True when the lock was moved.  Never raises."""
+    if fcntl is None or not is_uuid(operation_id):
+        return False
+    path = os.path.join(os.fspath(data_dir), OWNER_LOCK_NAME)
+    try:
+        with _tags_settled(data_dir, exclusive=True) as settled:
+            if not settled:
+                return False
+            descriptor = open_regular_file(path, os.O_RDONLY)
+            try:
+                try:
+                    fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    pass  # held: by the worker of operation_id?
+                else:
+                    return False  # free: nothing keeps the profile busy
+                if (_read_tag(descriptor) or {}).get("operation_id") != operation_id:
+                    return False
+                if os.path.samestat(os.fstat(descriptor), os.stat(path)):
+                    os.replace(path, os.path.join(os.fspath(data_dir),
+                                                  RETIRED_PREFIX + operation_id))
+                    moved = True
+                else:
+                    moved = False
+            finally:
+                os.close(descriptor)
+            _remove_released(data_dir)
+            return moved
+    except OSError:
+        return False
+
+
+def _retired_files(data_dir: str) -> list:
+    """Paths of ``owner.lock.<operation id>`` files (see :func:`retire_holder`)."""
+    try:
+        names = os.listdir(data_dir)
+    except OSError:
+        return []
+    return [os.path.join(data_dir, name) for name in sorted(names)
+            if name.startswith(RETIRED_PREFIX) and is_uuid(name[len(RETIRED_PREFIX):])]
+
+
+def _remove_released(data_dir: str) -> None:
+    """Remove moved-aside lock files whose worker has let go (directory lock held)."""
+    for path in _retired_files(data_dir):
+        try:
+            descriptor = open_regular_file(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.unlink(path)  # still locked by us: no worker holds it any more
+        except OSError:
+            pass
+        finally:
+            os.close(descriptor)
+
+
+def resolved_holders(data_dir: str) -> list:
+    """Workers still running a call an operator resolved: ``[{"operation_id",
+    "pid", "process_start"}]`` from the moved-aside lock files still held (see
+    :func:`retire_holder`).  Their late outcome may still arrive.  Never
+    creates or changes a file; never raises."""
+    found = []
+    if fcntl is None:
+        return found
+    for path in _retired_files(os.fspath(data_dir)):
+        try:
+            descriptor = open_regular_file(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                tag = _read_tag(descriptor) or {}
+                found.append({"operation_id": os.path.basename(path)[len(RETIRED_PREFIX):],
+                              "pid": tag.get("pid"), "process_start": tag.get("process_start")})
+            except OSError:
+                pass
+        finally:
+            os.close(descriptor)
+    return found
+
+
 def _probe(data_dir: str) -> tuple:
     """``(state, tag)``: state ``absent`` (no lock file: no worker ever held it),
     ``free``, ``held`` (tag: the decoded dict, or None while it is being
@@ -138,30 +297,27 @@ def _probe(data_dir: str) -> tuple:
     Never creates the lock file; never raises."""
     if fcntl is None:
         return "unknown", None
-    try:
-        descriptor = open_regular_file(os.path.join(os.fspath(data_dir), OWNER_LOCK_NAME),
-                                       os.O_RDONLY)
-    except FileNotFoundError:
-        return "absent", None
-    except OSError:
-        return "unknown", None
-    try:
+    with _tags_settled(os.fspath(data_dir), exclusive=False):
         try:
-            fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            pass  # held by a worker
+            descriptor = open_regular_file(os.path.join(os.fspath(data_dir), OWNER_LOCK_NAME),
+                                           os.O_RDONLY)
+        except FileNotFoundError:
+            return "absent", None
         except OSError:
             return "unknown", None
-        else:
-            fcntl.flock(descriptor, fcntl.LOCK_UN)
-            return "free", None
         try:
-            tag = json.loads(os.pread(descriptor, 4096, 0) or b"null")
-        except (OSError, ValueError):
-            tag = None
-        return "held", tag if isinstance(tag, dict) else None
-    finally:
-        os.close(descriptor)
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                pass  # held by a worker
+            except OSError:
+                return "unknown", None
+            else:
+                fcntl.flock(descriptor, fcntl.LOCK_UN)
+                return "free", None
+            return "held", _read_tag(descriptor)
+        finally:
+            os.close(descriptor)
 
 
 def probe_owner(data_dir: str, operation_id: str) -> dict:

@@ -37,11 +37,13 @@ STATE_RETURNED = "returned"
 STATE_RESOLVED = "resolved"
 OUTCOMES = ("completed", "not_applied")
 # Reason labels per event kind (docs/format.md §Events).  ``not_run``: the guard
-# itself refused the call's inner entry, so the tool never ran.  ``lost_in_crash``:
+# itself refused the call's inner entry, so the tool never ran;
+# ``not_run_host_refused``: the host reported it refused the call before its
+# handler (post_tool_call, status "blocked").  ``lost_in_crash``:
 # repair-checkpoint found an event lost in a crash that may have been a
 # ``started`` whose tool ran.
 REASONS = {
-    "returned": ("returned", "not_run"),
+    "returned": ("returned", "not_run", "not_run_host_refused"),
     "uncertain": ("exception", "cancelled", "error_response", "lost_in_crash"),
     "late_outcome": ("returned", "error_response", "exception", "cancelled"),
 }

@@ -21,16 +21,23 @@ from typing import Optional
 
 from . import archive
 from .chain import Chain, PossibleReuse, extend_chain
-from .database import translate_sqlite_error
+from .durable import file_state
 from .errors import IntegrityError, JournalError, JournalUnavailable
 from .record import INTENT_NAME, genesis_hash
 from .schema import SQL_SELECT_HASH_AT, SQL_SELECT_ROWS_AFTER
+from .writer_lock import writer_pid
 
 # A reader's snapshot may be older than head.json, which live writers replace
-# before they COMMIT; it re-reads this many times, this many seconds apart,
-# before it reports the checkpoint as ahead.
+# before they COMMIT: it reads again, this many seconds apart, while a writer
+# is at work (and, where nobody can tell whether one is, this many times).
 READ_RETRY_ATTEMPTS = 20
 READ_RETRY_PAUSE_SECONDS = 0.02
+# Verdicts a writer half-way through an append or an archive switch can make a
+# reader see: the files beside the database against an older snapshot.
+WRITER_TRANSIENT_VERDICTS = frozenset((
+    "checkpoint_ahead", "journal_rolled_back", "checkpoint_behind", "checkpoint_mismatch",
+    "checkpoint_foreign", "identity_mismatch", "marker_missing", "marker_corrupt",
+    "checkpoint_missing", "checkpoint_empty", "checkpoint_corrupt", "archive_interrupted"))
 
 # Seconds between full verifications of a long-running process: a raw byte edit
 # hidden behind another process's commits is found within this time.
@@ -75,17 +82,24 @@ class VerifiedSnapshots:
         head.json or the marker, is completed when this store may create one
         (``complete_creation``); else a table-less one is ``journal_absent``."""
         connection = self.database.connect()
+        if not self.readonly:
+            # The admission's own test, so every surface of a worker (hook,
+            # status tool, slash command) gives the verdict its gate gives.
+            self.database.check_wal()
         if not self.readonly and archive.read_intent(self.data_dir) is not None:
             self._recover_archive_switch()  # a writer finishes or undoes it first
-        elif self.readonly:
-            self._wait_for_archive_switch()
         touched = self.database.files_touched()
         files_before = self.database.files_now() if self.database.immutable else None
-        for attempt in range(READ_RETRY_ATTEMPTS):
+        self._settle_deadline: Optional[float] = None
+        attempt = 0
+        while True:
+            attempt += 1
+            observed, self._read_version = self._observed_files(), None
             try:
                 connection.execute("BEGIN")
                 schema_version = connection.execute("PRAGMA schema_version").fetchone()[0]
                 data_version = connection.execute("PRAGMA data_version").fetchone()[0]
+                self._read_version = data_version
                 chain = self._chain
                 stale = (chain is None or full or self.full_verification
                          or schema_version != self._schema_version
@@ -98,11 +112,12 @@ class VerifiedSnapshots:
                 connection.execute("ROLLBACK")  # a read snapshot: nothing to commit
             except sqlite3.Error as exc:
                 self.forget()
-                raise translate_sqlite_error(exc, "verifying the journal") from None
+                raise self.database.read_failure(exc, "verifying the journal") from None
             except IntegrityError as exc:
                 self.forget()
-                self._name_interrupted_archive(exc)
-                raise
+                self._unless_written_meanwhile(exc, observed, attempt)
+                time.sleep(READ_RETRY_PAUSE_SECONDS)
+                continue
             except BaseException:
                 self.forget()
                 raise
@@ -132,16 +147,95 @@ class VerifiedSnapshots:
                 return chain
             try:
                 self.check_files(chain)
+                if self.readonly:
+                    self._check_no_switch_open(chain)
                 return chain
             except IntegrityError as exc:
-                self._name_interrupted_archive(exc)
                 # A live writer keeps head.json ahead of an older snapshot; a
-                # real rollback stays ahead after catching up.
-                if (exc.code not in ("checkpoint_ahead", "journal_rolled_back")
-                        or attempt == READ_RETRY_ATTEMPTS - 1):
-                    raise
+                # real rollback stays ahead once no writer is left.
+                if self._unless_written_meanwhile(exc, observed, attempt):
+                    return chain
             time.sleep(READ_RETRY_PAUSE_SECONDS)
-        raise AssertionError("unreachable")
+
+    def _observed_files(self) -> tuple:
+        """What a writer changes: the database and WAL, head.json, the marker
+        and the archive intent (see :meth:`_unless_written_meanwhile`)."""
+        try:
+            return (self.database.files_now(), file_state(self.files.checkpoint_path),
+                    file_state(self.files.marker_path),
+                    file_state(os.path.join(self.data_dir, INTENT_NAME)))
+        except OSError:
+            return ()  # never equal to a later look: read again
+
+    def _unless_written_meanwhile(self, error: IntegrityError, observed: tuple,
+                                  attempt: int) -> bool:
+        """Return (read again) when ``error`` may come from a writer half-way
+        through an append or an archive switch; raise it when it cannot.
+        True: ``checkpoint_ahead`` while another process holds the write lock
+        and head.json was just replaced, i.e. that append is half-way: the
+        snapshot is the last committed state and stands (a writer judges
+        head.json under the lock before it writes).
+
+        A writer of ours changes head.json, the marker and the intent only
+        while it holds SQLite's WAL write lock.  So a disagreement between the
+        files and a read snapshot is a verdict only when, after the read, no
+        process holds that lock and no journal file changed since just before
+        the snapshot: then the files were read at rest.  While writers keep
+        the lock or keep changing the files, the read is repeated; past the
+        busy timeout it ends with ``database_locked`` (the journal is being
+        written; nothing could be concluded), never with a verdict."""
+        if error.code not in WRITER_TRANSIENT_VERDICTS:
+            self._name_interrupted_archive(error)
+            raise error
+        writer = writer_pid(self.database.path)
+        # data_version moves with every commit another connection makes visible
+        # (a WAL's size and mtime change earlier, when its frames are written).
+        try:
+            committed = (self.database.connection.execute("PRAGMA data_version").fetchone()[0]
+                         != self._read_version)
+        except sqlite3.Error:
+            committed = True
+        at_rest = bool(observed) and not committed and self._observed_files() == observed
+        if (writer == 0 and at_rest) or (writer is None and at_rest
+                                          and attempt >= READ_RETRY_ATTEMPTS):
+            self._name_interrupted_archive(error)
+            raise error
+        if error.code == "checkpoint_ahead" and writer and self._checkpoint_just_written():
+            return True
+        now = time.monotonic()
+        if self._settle_deadline is None:
+            self._settle_deadline = now + max(self.database.busy_timeout,
+                                              READ_RETRY_ATTEMPTS * READ_RETRY_PAUSE_SECONDS)
+        elif now > self._settle_deadline:
+            self.forget()
+            raise JournalUnavailable(
+                "database_locked", f"the journal was being written (writer pid {writer}) for "
+                f"longer than the busy timeout while it was read, so it could not be verified "
+                f"({error.code} was seen half-way); run the command again") from None
+        return False
+
+    def _checkpoint_just_written(self) -> bool:
+        """head.json was replaced within the busy timeout: the lock holder's
+        append, not a crashed writer's leftover that a refused admission is
+        looking at under the lock (that one stays a verdict)."""
+        try:
+            state = file_state(self.files.checkpoint_path)
+        except OSError:
+            return False
+        return state is not None and state[3] >= time.time_ns() - int(
+            self.database.busy_timeout * 1e9)
+
+    def _check_no_switch_open(self, chain: Chain) -> None:
+        """A reader that verified a segment while an archive intent exists: a
+        switch already committed (the database is the intent's new segment) is
+        complete; otherwise it is live or interrupted (``archive_interrupted``,
+        judged by :meth:`_unless_written_meanwhile`)."""
+        intent = archive.read_intent(self.data_dir)
+        if intent is not None and not (isinstance(intent, dict)
+                                       and intent.get("to") == chain.journal_id):
+            raise IntegrityError("archive_interrupted", f"{INTENT_NAME} shows an archive switch "
+                                 "that was interrupted; the next protected call or writing "
+                                 "operator command finishes or undoes it")
 
     def _check_continues(self, connection: sqlite3.Connection, chain: Chain) -> None:
         """A fully verified chain must continue what this store verified before:
@@ -152,8 +246,8 @@ class VerifiedSnapshots:
             return
         journal_id, count, head = self._verified
         if chain.journal_id != journal_id:
-            anchor = chain.archive or {}
-            if anchor.get("journal_id") == journal_id and anchor.get("count", -1) >= count:
+            # Archived meanwhile, by one archive or by several.
+            if archive.continues(self.data_dir, chain.archive, journal_id, count, head):
                 return
             raise IntegrityError("identity_mismatch", f"this process verified journal "
                                  f"{journal_id} ({count} events); the data directory now holds "
@@ -165,17 +259,6 @@ class VerifiedSnapshots:
         if count and self._hash_at_locked(connection, count) != head:
             raise IntegrityError("checkpoint_mismatch", f"the event at seq {count} differs from "
                                  "the one this process verified: history was rewritten")
-
-    def _wait_for_archive_switch(self) -> None:
-        """A reader meeting an archive intent waits as long as a live switch
-        takes to finish; one still there is ``archive_interrupted``."""
-        for _ in range(READ_RETRY_ATTEMPTS):
-            if archive.read_intent(self.data_dir) is None:
-                return
-            time.sleep(READ_RETRY_PAUSE_SECONDS)
-        raise IntegrityError("archive_interrupted", f"{INTENT_NAME} shows an archive switch "
-                             "that was interrupted; the next protected call or writing operator "
-                             "command finishes or undoes it")
 
     def _name_interrupted_archive(self, error: IntegrityError) -> None:
         """While an archive switch is unfinished, a failed verification is that

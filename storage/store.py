@@ -32,12 +32,14 @@ from .durable import BOUNDARY_KIND_GENESIS, BOUNDARY_KIND_MARKER, DurableFiles, 
 from .errors import AdmissionRefused, IntegrityError, JournalError, JournalUnavailable
 from .record import (KIND_ARCHIVED, SCHEMA, canonical_text, decode_payload, event_hash,
                      genesis_hash, payload_problem)
-from .schema import (SQL_COUNT_EVENTS, SQL_DROP_TRIGGER, SQL_EMPTY_EVENTS, SQL_EMPTY_METADATA,
-                     SQL_INSERT_EVENT, SQL_SELECT_EVENTS_BETWEEN, SQL_SELECT_HASH_AT,
-                     SQL_SELECT_JOURNAL_ID, SQL_SELECT_OPERATION_EVENTS, SQL_SELECT_PAYLOAD_AT,
+from .schema import (SQL_CHECKPOINT_PASSIVE, SQL_COUNT_EVENTS, SQL_DROP_TRIGGER,
+                     SQL_EMPTY_EVENTS, SQL_EMPTY_METADATA, SQL_INSERT_EVENT,
+                     SQL_SELECT_EVENTS_BETWEEN, SQL_SELECT_HASH_AT, SQL_SELECT_JOURNAL_ID,
+                     SQL_SELECT_OPERATION_EVENTS, SQL_SELECT_PAYLOAD_AT,
                      SQL_SELECT_RAW_ROWS_BETWEEN, SQL_SELECT_ROW, SQL_VACUUM, TRIGGERS,
                      create_schema_rows, create_triggers)
 from .snapshot import VerifiedSnapshots
+from .writer_lock import writing_here
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +73,7 @@ class JournalStore(VerifiedSnapshots):
         self.files = DurableFiles(data_dir)
         self.lock = threading.RLock()
         self._temp_files_checked = False
+        self._copies_seen: Optional[tuple] = None  # see archive.remove_stale_copies
         # (journal id, count, head) this store last verified: history it has seen
         # may never shrink or change under it (see _check_continues).
         self._verified: Optional[tuple] = None
@@ -102,6 +105,23 @@ class JournalStore(VerifiedSnapshots):
         """Whether any event up to ``until`` names ``operation_id`` (one scan)."""
         return self._one(SQL_SELECT_OPERATION_EVENTS + " LIMIT 1",
                          (0, until, f'"operation_id":"{operation_id}"')) is not None
+
+    def ids_starting_with(self, prefix: str, until: int, limit: int) -> list:
+        """Distinct operation ids (as stored, canonical) of events up to
+        ``until`` that start with ``prefix``, oldest first, at most ``limit``."""
+        needle = '"operation_id":"' + prefix
+        found: list = []
+        try:
+            for (operation_id,) in self.database.connection.execute(
+                    "SELECT substr(payload, instr(payload, ?) + 16, 36) FROM events "
+                    "WHERE seq <= ? AND instr(payload, ?) > 0 ORDER BY seq", (needle, until, needle)):
+                if operation_id not in found:
+                    found.append(operation_id)
+                    if len(found) >= limit:
+                        break
+        except sqlite3.Error as exc:
+            raise translate_sqlite_error(exc, "reading the journal") from None
+        return found
 
     def _one(self, query: str, parameters: tuple):
         try:
@@ -185,7 +205,7 @@ class JournalStore(VerifiedSnapshots):
         docstring).  ``kind`` names the event for the boundary hook."""
         if self.readonly:
             raise JournalUnavailable("storage_unavailable", "journal opened read-only")
-        with self.lock:
+        with self.lock, writing_here(self.database.path):
             chain, connection = self._locked_chain(kind, check_checkpoint)
             self._appending = self._schema_changed = False
             self._undo_checkpoint: Optional[dict] = None
@@ -326,13 +346,16 @@ class JournalStore(VerifiedSnapshots):
         return self.snapshot(check_files=False, complete_creation=False)
 
     def _remove_leftovers_locked(self) -> None:
-        """Once per store, writer lock held: remove the temporary files of dead
-        writers and creators (every writer of them holds the lock)."""
+        """Writer lock held: remove the temporary files of dead writers and
+        creators (once per store: every writer of them holds the lock) and of
+        dead archivers (whenever ``archive/`` changed)."""
         if not self._temp_files_checked:
             self.files.remove_stale_temp_files()
             self.database.remove_stale_build_files()
-            archive.remove_stale_copies(self.data_dir)
             self._temp_files_checked = True
+        # Archive copies are made without the writer lock, by any process at
+        # any time: looked at again whenever archive/ changed (one stat).
+        self._copies_seen = archive.remove_stale_copies(self.data_dir, self._copies_seen)
 
     def _complete_initialization(self, chain: Chain) -> None:
         """An empty journal whose creation was interrupted (or is new) gets its
@@ -377,31 +400,52 @@ class JournalStore(VerifiedSnapshots):
         switch; best effort: a failure (another connection busy) is logged."""
         try:
             self.database.connection.execute(SQL_VACUUM)
+            # Fold the switch into the database file now (never blocks, never
+            # removes the WAL): a new process then finds the new journal there
+            # instead of following anchors back through the archives.
+            self.database.connection.execute(SQL_CHECKPOINT_PASSIVE).fetchall()
         except sqlite3.Error as exc:
             logger.warning("crash-recovery: could not compact the journal after archiving "
                            "(%s); its free space stays in the file", exc)
         self.forget()
         self.database.remember_files()
 
-    def _recover_archive_switch(self) -> None:
-        """Take the writer lock and finish or undo an interrupted archive switch."""
+    def settle_interrupted_archive(self) -> Optional[str]:
+        """After an archive switch failed in this process with its intent
+        written: finish or undo it now (:meth:`_recover_archive_switch`), so
+        no reader meets ``archive_interrupted``.  Returns ``"finished"``,
+        ``"undid"`` or None (no intent, or it could not be settled).  Best
+        effort, never raises: what it cannot do (a full disk) the next writer
+        does."""
+        try:
+            return self._recover_archive_switch()
+        except JournalError as exc:
+            logger.warning("crash-recovery: an archive switch failed and could not be settled "
+                           "at once (%s); the next writer finishes or undoes it", exc.code)
+            return None
+
+    def _recover_archive_switch(self) -> Optional[str]:
+        """Take the writer lock and finish or undo an interrupted archive
+        switch; returns what was done (None: no intent)."""
         connection = self.database.connect()
+        done = None
         try:
             connection.execute("BEGIN IMMEDIATE")
             try:
                 intent = archive.read_intent(self.data_dir)
                 if intent is not None:
-                    self._finish_archive_switch(connection, intent)
+                    done = self._finish_archive_switch(connection, intent)
             finally:
                 with contextlib.suppress(sqlite3.Error):
                     connection.execute("ROLLBACK")
         except sqlite3.Error as exc:
             raise translate_sqlite_error(exc, "finishing an archive switch") from None
         self.forget()
+        return done
 
-    def _finish_archive_switch(self, connection: sqlite3.Connection, intent: dict) -> None:
+    def _finish_archive_switch(self, connection: sqlite3.Connection, intent: dict) -> str:
         """Writer lock held: finish or undo an interrupted archive switch
-        (:func:`archive.settle_switch`)."""
+        (:func:`archive.settle_switch`); returns ``"finished"`` or ``"undid"``."""
         try:
             found = connection.execute(SQL_SELECT_JOURNAL_ID).fetchone()
             count = connection.execute(SQL_COUNT_EVENTS).fetchone()[0]
@@ -412,3 +456,4 @@ class JournalStore(VerifiedSnapshots):
                                      found[0] if found else None, count,
                                      first[0] if first else None)
         logger.warning("crash-recovery: %s an interrupted archive switch", done)
+        return done

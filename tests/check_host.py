@@ -8,10 +8,13 @@ Every scenario runs in its own child process with an isolated ``HERMES_HOME``
 own PluginManager loads the plugin; tool calls go through Hermes' own
 ``model_tools.handle_function_call`` or, for two calls in one assistant
 message, through ``AIAgent.run_conversation`` against a scripted provider on
-127.0.0.1 (the concurrent executor that nests the execution middleware).
-Evidence is read from the journal file, the booking service database and the
-tool messages the provider received. Prints one JSON report; exits 1 on any
-failed check. Needs the hermes-agent package in the running interpreter.
+127.0.0.1 (the concurrent executor: tests/host/concurrent_path.py). Install
+paths are in tests/host/install_steps.py. Evidence is read from the journal
+file, the booking service database and the tool messages the provider
+received. Prints one JSON report; exits 1 on any failed check. Needs Hermes
+importable in the running interpreter (any packaging: 0.19.0, 0.20.1, 0.22.2
+are checked in CI); where the hosts really differ, a check branches on the
+imported Hermes' version and says which host behaviour it proves.
 """
 from __future__ import annotations
 
@@ -34,86 +37,14 @@ sys.path.insert(0, str(HOST_DIR))
 
 import evidence  # noqa: E402  (tests/host)
 from evidence import (BOOKING_PLUGIN_DIR, PLUGIN_NAME, PROBE_PLUGIN_DIR,  # noqa: E402
-                      blocked_document, data_dir_of, kinds, read_events, service_counts)
+                      blocked_document, data_dir_of, kinds, service_counts)
+from install_steps import BOOKING, InstallSteps  # noqa: E402
+# Re-exported: the checkers built on this one import these from here.
+from scenario_support import (PROBE, CheckList, booked, check_registrations,  # noqa: E402,F401
+                              events_of, hermes_call, scripted_conversation)
+from concurrent_path import scenario_concurrent  # noqa: E402
 
 SCENARIO_TIMEOUT_SECONDS = 120
-BOOKING = "booking-service"
-PROBE = "host-probe"
-INSPECTION_TOOLS = {"crash_recovery_status", "crash_recovery_verify"}
-
-
-class CheckList:
-    """Named pass/fail results of one scenario."""
-
-    def __init__(self, scenario: str) -> None:
-        self.scenario = scenario
-        self.results: List[Dict[str, Any]] = []
-
-    def check(self, name: str, condition: Any, **detail: Any) -> bool:
-        passed = bool(condition)
-        entry: Dict[str, Any] = {"name": f"{self.scenario}.{name}", "ok": passed}
-        if detail and not passed:
-            entry["detail"] = detail
-        self.results.append(entry)
-        return passed
-
-    def fail(self, name: str, **detail: Any) -> None:
-        self.results.append({"name": f"{self.scenario}.{name}", "ok": False, "detail": detail})
-
-
-# --------------------------------------------------------------------------
-# In-child helpers (Hermes is imported only inside scenario children)
-# --------------------------------------------------------------------------
-
-def hermes_call(tool: str, args: Dict[str, Any], *, session_id: str, call_id: str,
-                hook: bool = True) -> str:
-    """One tool call through Hermes' own dispatcher.
-
-    ``hook=False`` skips the pre_tool_call hook (as Hermes' agent executors do
-    after firing it themselves), so only the execution middleware can refuse."""
-    import model_tools
-    return model_tools.handle_function_call(tool, args, task_id=f"task-{session_id}",
-                                            tool_call_id=call_id, session_id=session_id,
-                                            skip_pre_tool_call_hook=not hook)
-
-
-def check_registrations(checks: CheckList, expected_source: str) -> None:
-    """The plugin is loaded by Hermes with its middleware, hook and tools."""
-    import model_tools  # noqa: F401  (importing it runs plugin discovery)
-    from hermes_cli.plugins import get_plugin_manager
-    from tools.registry import registry
-    manager = get_plugin_manager()
-    loaded = manager._plugins.get(PLUGIN_NAME)
-    checks.check("plugin_loaded", loaded is not None and loaded.enabled and loaded.error is None,
-                 found=None if loaded is None else {"enabled": loaded.enabled,
-                                                    "error": loaded.error})
-    if loaded is None:
-        return
-    checks.check("plugin_source", loaded.manifest.source == expected_source,
-                 source=loaded.manifest.source, expected=expected_source)
-    checks.check("tools_registered", INSPECTION_TOOLS <= set(loaded.tools_registered),
-                 tools=loaded.tools_registered)
-    checks.check("hook_registered", loaded.hooks_registered == ["pre_tool_call"],
-                 hooks=loaded.hooks_registered)
-    checks.check("middleware_registered", loaded.middleware_registered == ["tool_execution"],
-                 middleware=loaded.middleware_registered)
-    checks.check("tools_in_registry",
-                 all(registry.get_entry(name) is not None for name in INSPECTION_TOOLS))
-
-
-def booked(result: str) -> Optional[str]:
-    """The receipt of a successful book_trip result, else None."""
-    try:
-        document = json.loads(result)
-    except ValueError:
-        return None
-    if isinstance(document, dict) and document.get("status") == "booked":
-        return document.get("receipt")
-    return None
-
-
-def events_of(home: Path) -> List[Dict[str, Any]]:
-    return read_events(data_dir_of(home))
 
 
 # --------------------------------------------------------------------------
@@ -332,99 +263,17 @@ def scenario_cancelled(home: Path, checks: CheckList) -> None:
                  counts=service_counts(service))
 
 
-def scripted_conversation(home: Path, checks: "CheckList", turns: List[Dict[str, Any]],
-                          prompt: str, *, session_id: str, enabled: List[str],
-                          entries: Optional[Dict[str, Any]] = None,
-                          max_iterations: int = 6) -> Dict[str, str]:
-    """One real ``AIAgent.run_conversation`` against a scripted provider on
-    127.0.0.1 (the profile written with ``enabled`` plugins and ``entries``):
-    checks the registrations and that the conversation finished; returns the
-    tool messages the provider received, by tool-call id."""
-    from mock_provider import ScriptedProvider
-    with ScriptedProvider(turns, timeout_seconds=90) as provider:
-        evidence.write_profile(home, base_url=provider.base_url, enabled=enabled,
-                               **({"entries": entries} if entries else {}))
-        check_registrations(checks, "user")
-        from run_agent import AIAgent
-        agent = AIAgent(base_url=provider.base_url, api_key="sk-mock", provider="custom",
-                        model="mock-model", quiet_mode=True, skip_context_files=True,
-                        skip_memory=True, max_iterations=max_iterations, session_id=session_id)
-        outcome = agent.run_conversation(prompt)
-        messages = {m["tool_call_id"]: str(m["content"]) for m in provider.tool_messages()}
-    checks.check("conversation_finished", outcome.get("final_response") == "done",
-                 final=outcome.get("final_response"), messages=messages)
-    return messages
-
-
-def scenario_concurrent(home: Path, checks: CheckList) -> None:
-    """Two protected calls in one assistant message (Hermes' concurrent executor,
-    which enters the execution middleware twice, nested, per call), then two
-    exempt read_file calls, driven by AIAgent.run_conversation. The probe's
-    handler holds the admitted call open until the sibling has left the
-    execution chain, so the two calls always overlap."""
-    probe_log = Path(os.environ["HOST_PROBE_LOG"])
-    first, second = home / "first.txt", home / "second.txt"
-    first.write_text("alpha-41\n", encoding="utf-8")
-    second.write_text("beta-42\n", encoding="utf-8")
-    turns = [
-        {"tool_calls": [
-            {"id": "call_web_1", "name": "web_extract", "arguments": {"urls": ["https://a.example/1"]}},
-            {"id": "call_web_2", "name": "web_extract", "arguments": {"urls": ["https://b.example/2"]}}]},
-        {"tool_calls": [
-            {"id": "call_read_1", "name": "read_file", "arguments": {"path": str(first)}},
-            {"id": "call_read_2", "name": "read_file", "arguments": {"path": str(second)}}]},
-        {"text": "done"},
-    ]
-    messages = scripted_conversation(home, checks, turns, "Fetch both pages, then read both files.",
-                                     session_id="session-concurrent",
-                                     enabled=[BOOKING, PLUGIN_NAME, PROBE],
-                                     entries={PROBE: {"allow_tool_override": True}})
-    web_ids = ["call_web_1", "call_web_2"]
-    admitted = [i for i in web_ids if "probe page" in str(messages.get(i, ""))]
-    refused = [i for i in web_ids if blocked_document(str(messages.get(i, ""))) is not None]
-    checks.check("one_admitted_one_refused", len(admitted) == 1 and len(refused) == 1,
-                 messages=messages)
-    records = [json.loads(line) for line in probe_log.read_text().splitlines()] \
-        if probe_log.exists() else []
-    handler_runs = [r for r in records if r["event"] == "handler"]
-    checks.check("handler_ran_once", len(handler_runs) == 1, records=records)
-    checks.check("calls_overlapped",
-                 not any(r["event"] == "handler_wait_timed_out" for r in records), records=records)
-    events = events_of(home)
-    checks.check("journal_one_started_one_returned", kinds(events) == ["started", "returned"],
-                 events=events)
-    if admitted and refused and len(events) == 2:
-        checks.check("started_is_admitted_call",
-                     events[0]["tool"] == "web_extract" and events[0]["tool_call_id"] == admitted[0]
-                     and events[0]["session_id"] == "session-concurrent"
-                     and events[1]["operation_id"] == events[0]["operation_id"], events=events)
-        entries = [r["tool_call_id"] for r in records if r["event"] == "middleware"
-                   and r["tool"] == "web_extract"]
-        checks.check("host_nested_middleware_for_admitted_call",
-                     entries.count(admitted[0]) == 2 and entries.count(refused[0]) == 1,
-                     entries=entries)
-        refusal = blocked_document(str(messages[refused[0]]))
-        checks.check("refusal_code", refusal.get("code") == "operation_in_flight", refusal=refusal)
-    checks.check("read_files_untouched",
-                 "alpha-41" in str(messages.get("call_read_1", ""))
-                 and "beta-42" in str(messages.get("call_read_2", "")), messages=messages)
-    read_entries = [r["tool_call_id"] for r in records if r["event"] == "middleware"
-                    and r["tool"] == "read_file"]
-    checks.check("read_files_took_concurrent_path",
-                 read_entries.count("call_read_1") == 2 and read_entries.count("call_read_2") == 2,
-                 entries=read_entries)
-
-
 def scenario_loaded(home: Path, checks: CheckList) -> None:
     """After an install path: Hermes loads the plugin and it journals a call."""
     expected_source = os.environ.get("CHECK_EXPECTED_SOURCE", "user")
     check_registrations(checks, expected_source)
     status = json.loads(hermes_call("crash_recovery_status", {}, session_id="session-I",
                                     call_id="call-I1"))
-    checks.check("status_tool_data_dir",
-                 status.get("ok") is True
-                 and Path(str(status.get("data_dir"))).resolve() == data_dir_of(home).resolve(),
-                 status=status)
+    # The journal is the profile's (guarded_call_journaled reads it there); the
+    # model's status tool names no path.
+    checks.check("status_tool_no_path",
+                 status.get("ok") is True and "data_dir" not in status
+                 and str(home) not in json.dumps(status), status=status)
     result = hermes_call("book_trip", {"traveler": "Gus", "destination": "Kyiv"},
                          session_id="session-I", call_id="call-I2")
     checks.check("guarded_call_booked", booked(result) is not None, result=result)
@@ -462,14 +311,14 @@ def run_child(scenario: str, home: Path, result_file: Path,
 
 class CheckerRun:
     """What every host checker's parent shares: the results, the network
-    isolation prefix, the ``hermes`` executable, and running one scenario in a
+    isolation prefix, the host's program (``hermes``/``hermesx``), and running one scenario in a
     child process of ``script`` (``--child``)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
         self.results: List[Dict[str, Any]] = []
         self.isolation_prefix, self.isolation = evidence.network_isolation()
-        self.hermes = str(Path(sys.executable).parent / "hermes")
+        self.hermes = evidence.hermes_program()  # hermes, or hermesx on 0.20.1
         self.step_seconds: Dict[str, float] = {}
         self.child_seconds: Dict[str, float] = {}
 
@@ -499,7 +348,7 @@ class CheckerRun:
             self.add(label, "child_ran", False, output=output)
 
 
-class HostRun(CheckerRun):
+class HostRun(CheckerRun, InstallSteps):
     """Prepares isolated profiles and runs scenario children."""
 
     def new_home(self, label: str) -> Path:
@@ -560,102 +409,12 @@ class HostRun(CheckerRun):
 
     def concurrent(self) -> None:
         home = self.user_profile("concurrent")
-        # "0-" sorts first, so Hermes loads the probe first and its tracing
-        # middleware is the outermost link of the execution chain.
-        shutil.copytree(PROBE_PLUGIN_DIR, home / "plugins" / f"0-{PROBE}")
+        # The probe loads first (see PROBE): its tracing middleware is the
+        # outermost link of the execution chain.
+        shutil.copytree(PROBE_PLUGIN_DIR, home / "plugins" / PROBE)
         self.run_scenario("concurrent", "concurrent", home,
                           HOST_PROBE_LOG=str(home.parent / "probe.jsonl"))
         self.verify_journal("concurrent", home)
-
-    def hermes_cli(self, home: Path, *words: str) -> subprocess.CompletedProcess:
-        return subprocess.run(self.isolation_prefix + [self.hermes, *words],
-                              env=self.child_environment(home), capture_output=True, text=True,
-                              timeout=90, stdin=subprocess.DEVNULL, cwd=str(home.parent))
-
-    def install_git(self) -> None:
-        """Install path 1: hermes plugins install file://<git repo>, enable, list."""
-        label = "install_git"
-        home = self.new_home(label)
-        snapshot = evidence.copy_plugin_checkout(home.parent / "clone-source")
-        git_environment = dict(os.environ, GIT_AUTHOR_NAME="host-check",
-                               GIT_AUTHOR_EMAIL="host-check@localhost",
-                               GIT_COMMITTER_NAME="host-check",
-                               GIT_COMMITTER_EMAIL="host-check@localhost")
-        for words in (["init", "-q", "-b", "main"], ["add", "-A"],
-                      ["commit", "-q", "-m", "snapshot of the working tree"]):
-            subprocess.run(["git", *words], cwd=str(snapshot), env=git_environment, check=True,
-                           capture_output=True, timeout=60)
-        shutil.copytree(BOOKING_PLUGIN_DIR, home / "plugins" / BOOKING)
-        evidence.write_profile(home, enabled=[BOOKING])
-        installed = self.hermes_cli(home, "plugins", "install", f"file://{snapshot}")
-        self.add(label, "install_exit_0", installed.returncode == 0,
-                 output=(installed.stdout + installed.stderr)[-2000:])
-        self.add(label, "installed_dir", (home / "plugins" / PLUGIN_NAME / "plugin.yaml").exists())
-        enabled = self.hermes_cli(home, "plugins", "enable", PLUGIN_NAME)
-        self.add(label, "enable_exit_0", enabled.returncode == 0,
-                 output=(enabled.stdout + enabled.stderr)[-2000:])
-        listed = self.hermes_cli(home, "plugins", "list", "--json")
-        try:
-            entries = json.loads(listed.stdout)
-        except ValueError:
-            entries = []
-        mine = [e for e in entries if isinstance(e, dict) and e.get("name") == PLUGIN_NAME]
-        self.add(label, "list_json_enabled",
-                 len(mine) == 1 and mine[0].get("status") == "enabled"
-                 and mine[0].get("source") == "git", listed=listed.stdout[-2000:])
-        self.run_scenario(label, "loaded", home, CHECK_EXPECTED_SOURCE="user")
-        self.verify_journal(label, home)
-
-    def install_copy(self) -> None:
-        """Install path 2: a checkout copied to HERMES_HOME/plugins + plugins.enabled."""
-        home = self.user_profile("install_copy")
-        self.run_scenario("install_copy", "loaded", home, CHECK_EXPECTED_SOURCE="user")
-        self.verify_journal("install_copy", home)
-
-    def install_pip(self) -> None:
-        """Install path 3: pip install . registers a hermes_agent.plugins entry point
-        naming a module, and the console script runs the operator CLI."""
-        label = "install_pip"
-        home = self.new_home(label)
-        target = home.parent / "site"
-        source = evidence.copy_plugin_checkout(home.parent / "pip-source")
-        installed = subprocess.run(
-            [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile",
-             "--disable-pip-version-check", "--target", str(target),
-             str(source)],
-            capture_output=True, text=True, timeout=300, cwd=str(home.parent))
-        self.add(label, "pip_install_exit_0", installed.returncode == 0,
-                 output=(installed.stdout + installed.stderr)[-3000:])
-        if installed.returncode != 0:
-            return
-        entry_points = []
-        for entry_file in target.glob("*.dist-info/entry_points.txt"):
-            entry_points.append(entry_file.read_text(encoding="utf-8"))
-        text = "\n".join(entry_points)
-        self.add(label, "entry_point_names_module",
-                 "[hermes_agent.plugins]" in text and "crash-recovery = crash_recovery\n" in text + "\n",
-                 entry_points=text)
-        script = target / "bin" / "crash-recovery-operator"
-        self.add(label, "console_script_installed", script.exists())
-        shutil.copytree(BOOKING_PLUGIN_DIR, home / "plugins" / BOOKING)
-        evidence.write_profile(home, enabled=[BOOKING, PLUGIN_NAME])
-        self.run_scenario(label, "loaded", home, CHECK_EXPECTED_SOURCE="entrypoint",
-                          PYTHONPATH=str(target))
-        self.verify_journal(label, home)
-        if script.exists():
-            # After the scenario journaled a call: the installed operator CLI reads it.
-            environment = self.child_environment(home, PYTHONPATH=str(target))
-            ran = subprocess.run([sys.executable, str(script), "--data-dir",
-                                  str(data_dir_of(home)), "status"], env=environment,
-                                 capture_output=True, text=True, timeout=60)
-            try:
-                document = json.loads(ran.stdout)
-            except ValueError:
-                document = None
-            self.add(label, "console_script_runs",
-                     ran.returncode == 0 and isinstance(document, dict)
-                     and document.get("integrity") == "ok" and document.get("unresolved") == [],
-                     code=ran.returncode, output=(ran.stdout + ran.stderr)[-2000:])
 
 
 # Slowest first, so two workers finish together.
@@ -682,7 +441,7 @@ def checker_main(argv: Optional[List[str]], *, description: str, steps: Sequence
 
     version = evidence.hermes_version()
     if not version:
-        print(json.dumps({"ok": False, "error": "hermes-agent is not installed in "
+        print(json.dumps({"ok": False, "error": "Hermes (hermes_cli) is not importable in "
                           f"{sys.executable}"}))
         return 2
     if options.keep:

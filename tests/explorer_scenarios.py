@@ -310,7 +310,7 @@ def _in_child(step: dict, modules: dict) -> dict:
         signal.alarm(STEP_TIMEOUT_SECONDS)
         try:
             result = _run_step(step, modules)
-        except BaseException:  # noqa: BLE001 - every escape is a finding
+        except BaseException:  # noqa: BLE001 - every escape is a violation
             result = {"traceback": traceback.format_exc()}
         data = json.dumps(result).encode("utf-8")
         while data:

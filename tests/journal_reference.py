@@ -40,7 +40,7 @@ SCHEMA_OBJECTS = {("table", "metadata"), ("table", "events"),
                   ("index", "sqlite_autoindex_metadata_1")}
 TRIGGERS = {"events_append_only", "events_no_update", "events_no_delete", "metadata_no_insert",
             "metadata_no_update", "metadata_no_delete"}
-REASONS = {"returned": ("returned", "not_run"),
+REASONS = {"returned": ("returned", "not_run", "not_run_host_refused"),
            "uncertain": ("exception", "cancelled", "error_response", "lost_in_crash"),
            "late_outcome": ("returned", "error_response", "exception", "cancelled")}
 

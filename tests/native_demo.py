@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
-"""Native crash demo: unmodified ``hermes chat -q … -Q`` processes, SIGKILL mid-tool.
+"""Native crash demo: unmodified ``hermes chat -q …`` processes, SIGKILL mid-tool.
 
     python tests/native_demo.py [--directory NEW_DIR] [--gateway auto|on|off]
 
 An isolated Hermes profile loads crash-recovery and a fictional booking plugin
 (its own SQLite service). A scripted OpenAI-compatible provider on 127.0.0.1
-plays the model. When the machine allows it, everything runs inside a fresh
-network namespace (``unshare -rn``, only ``lo`` up).
+plays the model (through Tool Search's ``tool_call`` where the host offers
+plugin tools only that way). When the machine allows it, everything runs
+inside a fresh network namespace (``unshare -rn``, only ``lo`` up). The host's
+own program runs (``hermes``, or ``hermesx`` on 0.20.1), with ``-Q``, or on
+0.22 with ``--format stream-json``, whose ``tool_result`` events are checked
+too (tests/host/stream_json.py).
 
 1. session 1: the model calls ``book_trip``; the service commits the booking,
    then the harness SIGKILLs Hermes' whole process group before the tool
@@ -47,6 +51,7 @@ HOST_DIR = Path(__file__).resolve().parent / "host"
 sys.path.insert(0, str(HOST_DIR))
 
 import evidence  # noqa: E402
+import stream_json  # noqa: E402
 from evidence import (BOOKING_PLUGIN_DIR, PLUGIN_NAME, blocked_document,  # noqa: E402
                       data_dir_of, kinds, read_events, service_counts)
 from mock_provider import ScriptedProvider  # noqa: E402
@@ -280,7 +285,9 @@ def check_integrity(profile: Profile, findings: Findings, prefix: str) -> bool:
 # --------------------------------------------------------------------------
 
 def chat_command(prompt: str) -> List[str]:
-    return [str(Path(sys.executable).parent / "hermes"), "chat", "-q", prompt, "-Q"]
+    """An unmodified one-shot ``hermes chat`` (``hermesx`` on 0.20.1), with
+    ``--format stream-json`` where the host has it (0.22), else ``-Q``."""
+    return [evidence.hermes_program(), "chat", "-q", prompt, *stream_json.chat_flags()]
 
 
 def run_chat(profile: Profile, prompt: str) -> subprocess.CompletedProcess:
@@ -302,10 +309,12 @@ def chat_scenario(root: Path, provider: ScriptedProvider) -> Findings:
 
     provider.load_script(crash_turns("s1"))
     profile.arm.write_text("arm\n", encoding="utf-8")
-    process = subprocess.Popen(chat_command("Book a trip to Lisbon for Ada."),
-                               env=profile.environment(), cwd=str(profile.workdir),
-                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, start_new_session=True)
+    crashed_stdout = root / "s1.stdout"
+    with open(crashed_stdout, "w", encoding="utf-8") as stdout:
+        process = subprocess.Popen(chat_command("Book a trip to Lisbon for Ada."),
+                                   env=profile.environment(), cwd=str(profile.workdir),
+                                   stdin=subprocess.DEVNULL, stdout=stdout,
+                                   stderr=subprocess.DEVNULL, start_new_session=True)
     signalled = wait_for_file(profile.signal, process, CRASH_WAIT_SECONDS)
     exit_status = kill_group(process)
     findings.expect(signalled, "session 1: book_trip never committed a booking")
@@ -316,6 +325,7 @@ def chat_scenario(root: Path, provider: ScriptedProvider) -> Findings:
     findings.expect(completed.returncode == 0, f"session 2 exit {completed.returncode}: "
                     f"{completed.stderr[-800:]}")
     second_session = session_id_of(completed)
+    repeated = stream_json.events(completed.stdout)
     findings.facts["restarted_session_id"] = second_session
     findings.expect(second_session and second_session != findings.facts.get("crashed_session_id"),
                     "session 2 did not run as a new Hermes session")
@@ -328,6 +338,9 @@ def chat_scenario(root: Path, provider: ScriptedProvider) -> Findings:
     findings.expect(completed.returncode == 0, f"session 3 exit {completed.returncode}: "
                     f"{completed.stderr[-800:]}")
     check_after_resolution(profile, provider, findings, "s3")
+    if stream_json.supported():
+        stream_json.check_sessions(findings, stream_json.events_in(crashed_stdout), repeated,
+                                   stream_json.events(completed.stdout), operation_id)
     findings.facts["integrity_ok"] = check_integrity(profile, findings, "chat")
     findings.facts["bookings"] = service_counts(profile.service, TRAVELER)["bookings"]
     return findings
@@ -353,7 +366,7 @@ class Gateway:
             API_SERVER_PORT=str(self.port))
         with open(self.log, "a", encoding="utf-8") as log_file:
             self.process = subprocess.Popen(
-                [str(Path(sys.executable).parent / "hermes"), "gateway", "run"], env=environment,
+                [evidence.hermes_program(), "gateway", "run"], env=environment,
                 cwd=str(self.profile.workdir), stdin=subprocess.DEVNULL, stdout=log_file,
                 stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 60
@@ -391,7 +404,7 @@ def gateway_available() -> tuple:
     """(True, "") when Hermes' api_server platform can run here (aiohttp importable)."""
     probe = subprocess.run([sys.executable, "-c", "import aiohttp"], capture_output=True)
     if probe.returncode != 0:
-        return False, ("aiohttp is not installed; Hermes 0.19.0's only loopback gateway platform "
+        return False, ("aiohttp is not installed; Hermes' only loopback gateway platform "
                        "(api_server) needs it (extra 'messaging')")
     return True, ""
 
@@ -492,6 +505,9 @@ def run_demo(directory: Path, gateway_mode: str, network: str) -> Dict[str, Any]
                       "restarted": facts.get("restarted_session_id")},
             independent_verifier=facts.get("independent_verifier"),
             killed_with="SIGKILL to the hermes process group after the booking committed",
+            chat_output="stream-json" if stream_json.supported() else "quiet",
+            stream_json_events=facts.get("stream_json"),
+            model_calls_through_tool_call=sorted(provider.bridged),
         )
         cli_seconds = round(time.monotonic() - started, 1)
         available, reason = gateway_available()
@@ -525,7 +541,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     options = parser.parse_args(argv)
 
     if not evidence.hermes_version():
-        print(json.dumps({"ok": False, "error": f"hermes-agent is not installed in {sys.executable}"}))
+        print(json.dumps({"ok": False,
+                          "error": f"Hermes (hermes_cli) is not importable in {sys.executable}"}))
         return 2
     if options.inside_namespace is None:
         prefix, network = evidence.network_isolation()

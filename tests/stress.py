@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Stress runs (issue 4 parts 1 and 5).  Not collected by unittest.
+"""Stress runs: concurrent worker processes and random kills.  Not collected by unittest.
 
     python tests/stress.py [--processes 8] [--calls 200] [--kills 1000] [--dir DIR]
                            [--mode all|processes|kills] [--seed N]

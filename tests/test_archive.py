@@ -1,4 +1,4 @@
-"""Archives (issue 12, part 4): sealing, anchors, reading across segments,
+"""Archives: sealing, anchors, reading across segments,
 refusals, tampering, and a SIGKILL at every step of the switch.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Bad-input catalogue (issue 4 part 3; docs/format.md §Canonical encoding, docs/guard.md, docs/cli.md).
+"""Bad-input catalogue (docs/format.md §Canonical encoding, docs/guard.md, docs/cli.md).
 
 Arguments, responses, operator input, odd tool names and session ids: each
 gets a clear refusal or a defined outcome, never a crash, never a half-written

@@ -211,6 +211,20 @@ class BenchmarkQuickRunTest(unittest.TestCase):
         self.assertEqual(baseline["repeats"], fresh["repeats"])
         self.assertEqual(fresh["events_before"], 1)  # the first fresh process found only the anchor
 
+    def test_many_archives(self):
+        rows = self.report["archive_scale"]["rows"]
+        self.assertEqual([row["archives"] for row in rows], self.report["settings"]["archive_counts"])
+        for row in rows:
+            self.assert_numbers(row, ("fresh_first_call_ms", "warm_call_p50_ms",
+                                      "first_call_after_a_switch_p50_ms", "status_seconds",
+                                      "verify_all_seconds", "verify_all_us_per_event"),
+                                f"archive_scale[{row['archives']}]", positive=True)
+            self.assertEqual((row["status_exit"], row["verify_all_exit"]), (0, 0))
+            # Each archive holds at least one call (started, returned) and, but the
+            # first, its anchor.
+            self.assertGreaterEqual(row["events_all_segments"], 3 * row["archives"])
+        self.assertIn("Many archives", self.completed.stdout)
+
     def test_overhead_and_counts(self):
         for entry in self.report["sizes"]:
             overhead = entry["overhead"]

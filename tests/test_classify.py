@@ -5,8 +5,10 @@ import json
 import unittest
 
 import support  # noqa: F401  (loads this checkout as the package crash_recovery)
+from reliability_support import ProtectedCallCase, Tool
 
 from crash_recovery.classify import MAX_DECODE_DEPTH, is_error_response
+from crash_recovery.guard import RecoveryGuard
 
 
 class _ExplodingBool:
@@ -168,12 +170,9 @@ class EdgeDecisionTests(unittest.TestCase):
         self.assertIs(is_error_response({"ok": float("nan")}), False)
 
 
-if __name__ == "__main__":
-    unittest.main()
-
-
-class ReviewFindingTests(unittest.TestCase):
-    """Error responses the classifier once called normal (review finding 4)."""
+class DisguisedErrorResponseTests(unittest.TestCase):
+    """Error responses behind invisible characters, double-encoded, or with a
+    watched key repeated, are errors."""
 
     def test_every_invisible_prefix_is_stripped(self):
         prefixes = ["\n\ufeff", "\ufeff\ufeff", "\u200b", "\u2060", "\u200c\u200d", "\u00a0",
@@ -198,3 +197,124 @@ class ReviewFindingTests(unittest.TestCase):
         # Repeats of other keys, or inside a nested object, do not count.
         self.assertFalse(is_error_response('{"note": 1, "note": 2, "ok": true}'))
         self.assertFalse(is_error_response('{"data": {"error": 1, "error": 2}}'))
+
+
+class UndecodableErrorResponses(ProtectedCallCase):
+    """JSON that Python cannot decode (a huge integer, deep nesting) or objects
+    that raise when inspected never open the gate: they count as errors."""
+
+    HUGE_INT = '{"error": "payment declined", "trace_id": ' + "1" * 5000 + "}"
+    DEEP = '{"status": "failed", "detail": ' + "[" * 1000 + "]" * 1000 + "}"
+
+    def test_classifier_is_conservative(self):
+        self.assertTrue(is_error_response(self.HUGE_INT))
+        self.assertTrue(is_error_response(self.DEEP))
+        # A syntax error means plain text, as before.
+        self.assertFalse(is_error_response("{not json"))
+        self.assertFalse(is_error_response("{'a': 1}"))
+
+    def test_exotic_objects_never_raise(self):
+        class Raising(dict):
+            def __contains__(self, key):
+                raise RuntimeError("boom")
+
+            def items(self):
+                raise RuntimeError("boom")
+
+        self.assertTrue(is_error_response(Raising(a=1)))
+        guard = RecoveryGuard(self.data_dir)
+        result = self.call(guard, Tool(Raising(a=1)))
+        self.assertIsInstance(result, Raising)
+        states = [operation.state for operation in guard._journal.unresolved()]
+        self.assertEqual(states, ["uncertain"])
+        guard.close()
+        self.assertVerifies()
+
+    def test_gate_closes_after_undecodable_error(self):
+        guard = RecoveryGuard(self.data_dir)
+        for index, response in enumerate((self.HUGE_INT, self.DEEP)):
+            with self.subTest(index):
+                if index:
+                    operation = guard._journal.unresolved()[0].operation_id
+                    guard._journal.resolve(operation, outcome="not_applied", evidence="checked")
+                self.assertEqual(self.call(guard, Tool(response), f"call-{index}"), response)
+                again = Tool()
+                self.assertEqual(self.blocked_code(self.call(guard, again, f"retry-{index}")),
+                                 "unresolved_operations")
+                self.assertEqual(again.calls, 0)
+        guard.close()
+        self.assertVerifies()
+
+
+class TrailingTextTests(unittest.TestCase):
+    """An object followed by more text is not a clean result."""
+
+    def test_an_object_followed_by_more_text_is_an_error(self):
+        for text in ('{"status": "failed"}\n{"status": "retrying"}', '{"error": "x"}\x00',
+                     '{"error": "timeout"} (request id 7f3a)', '{"ok": true} trailing'):
+            with self.subTest(text=text):
+                self.assertTrue(is_error_response(text))
+        self.assertFalse(is_error_response('{"ok": true}  \n'))
+
+
+# Blank by design although their category says letter or symbol: Hangul fillers, braille blank.
+BLANK_LETTERS = "\u115f\u1160\u3164\uffa0\u2800"
+
+
+def unseen_before_json(character):
+    """What this test counts as invisible in front of a JSON value, read from the
+    Unicode database directly (the classifier must agree): whitespace, every
+    control, format, surrogate, private-use, unassigned and separator code
+    point, every combining mark, and the blank letters."""
+    import unicodedata
+    return (character.isspace() or character in BLANK_LETTERS
+            or unicodedata.category(character)[0] in "CZM")
+
+
+class InvisiblePrefixTests(unittest.TestCase):
+    """Whatever a JSON decoder or a person would not see before the ``{`` never
+    changes the verdict: every such code point, alone or in runs."""
+
+    ERRORS = ('{"error": "card declined"}', '{"ok": false}', '{"status": "failed"}')
+
+    def test_every_unseen_code_point_before_an_error_leaves_it_an_error(self):
+        # Planes 4-13 hold nothing but unassigned code points: every 251st stands for them.
+        points = [*range(0x40000), *range(0x40000, 0xE0000, 251), *range(0xE0000, 0x110000)]
+        unseen = [chr(point) for point in points if unseen_before_json(chr(point))]
+        self.assertGreater(len(unseen), 280_000)
+        missed = [hex(ord(character)) for character in unseen
+                  if not is_error_response(character + self.ERRORS[0])]
+        self.assertEqual(missed, [])
+        # Each class, in text, as double-encoded text and in runs of mixed members.
+        samples = ["\x00", "\x07", "\x1b", "\x7f", "\x85", "\u0301", "\u20dd", "\ufe0f",
+                   "\U000e0041", "\ue000", "\U0010fffd", "\u0378", "\u2028", "\u2029",
+                   "\u3000", "\u115f", "\u3164", "\u2800", "\u034f", "\u180b", "\ufeff"]
+        for body in self.ERRORS:
+            for sample in samples:
+                with self.subTest(prefix=hex(ord(sample)), body=body):
+                    self.assertTrue(is_error_response(sample + body))
+                    self.assertTrue(is_error_response(json.dumps(sample + body)))
+                    self.assertFalse(is_error_response(sample + '{"status": "ok"}'))
+            run = "".join(samples) + "".join(reversed(samples))
+            self.assertTrue(is_error_response(run + body))
+            self.assertTrue(is_error_response((run + body).encode("utf-8")))
+
+    def test_bytes_are_read_as_a_json_decoder_reads_them(self):
+        for encoding in ("utf-8", "utf-8-sig", "utf-16", "utf-16-le", "utf-16-be", "utf-32",
+                         "utf-32-le", "utf-32-be"):
+            for body in self.ERRORS:
+                with self.subTest(encoding=encoding, body=body):
+                    self.assertEqual(json.loads(body.encode(encoding)), json.loads(body))
+                    self.assertTrue(is_error_response(body.encode(encoding)))
+                    if encoding in ("utf-8", "utf-8-sig", "utf-16", "utf-32"):  # a BOM, or UTF-8
+                        self.assertTrue(is_error_response(("\u200b\x00" + body).encode(encoding)))
+            self.assertFalse(is_error_response('{"status": "ok"}'.encode(encoding)))
+
+    def test_visible_text_before_the_object_is_plain_text(self):
+        for prefix in ("x", "Result: ", "\ufffd", "\u00a9", "1"):
+            with self.subTest(prefix=prefix):
+                self.assertFalse(is_error_response(prefix + '{"error": "x"}'))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -316,3 +316,22 @@ class HermesStatusSettingsTests(CliTestCase):
 
     def test_stand_alone_status_has_no_settings(self):
         self.assertNotIn("settings", run_cli(self.data_dir, "status")[1])
+
+
+class TerminalControlTests(JournalTestCase):
+    """C1 and bidirectional control characters from the model (here in a tool
+    call id) never reach the operator's terminal; the JSON keeps them exact."""
+
+    def test_c1_and_bidi_controls_never_reach_the_terminal(self):
+        guard = RecoveryGuard(self.data_dir)
+        hostile = "call_1\u009b2J\u202eOWNER GONE"
+        guard.tool_execution(tool_name="send_payment", args={}, next_call=lambda: '{"error": 1}',
+                             session_id="s", tool_call_id=hostile)
+        guard.close()
+        for words in (["status"], ["status", "--format", "text"], ["log", "--jsonl"]):
+            with self.subTest(words):
+                _, _, output = run_cli(self.data_dir, *words)
+                self.assertNotIn("\u009b", output)
+                self.assertNotIn("\u202e", output)
+        _, result, _ = run_cli(self.data_dir, "status")
+        self.assertEqual(result["unresolved"][0]["tool_call_id"], hostile)  # still exact JSON

@@ -1,5 +1,6 @@
-"""Concurrency (issue 4 part 5; docs/guard.md §Settings, §Inside Hermes): threads in one process and a
-small multi-process run (``tests/stress.py`` does the big one).
+"""Concurrency (docs/guard.md §Settings, §Inside Hermes): threads in one process, a small
+multi-process run (``tests/stress.py`` does the big one), and a long verification beside
+another worker's append.
 
 Threads: 8 protected calls at once -- on plain threads and, like Hermes'
 concurrent path, each in a copied context -- while another thread runs
@@ -13,14 +14,18 @@ from __future__ import annotations
 import contextvars
 import json
 import os
+import subprocess
+import sys
 import threading
 import unittest
 
-from reliability_support import ReliabilityCase
+from reliability_support import ONE_CALL_WORKER, ReliabilityCase, next_message, start_worker, tell
+from support import REPO
 
 import stress
 from crash_recovery.admission.binding import ADMISSION
 from crash_recovery.guard import RecoveryGuard
+from crash_recovery.journal import Journal
 
 THREADS = 8
 
@@ -35,6 +40,7 @@ class Threads(ReliabilityCase):
         refusals_done = threading.Event()
         lock = threading.Lock()
         results, escaped, bindings, downstream_calls, hook_verdicts = {}, [], {}, [], {}
+        answered = []
         stop_status = threading.Event()
         statuses = []
 
@@ -43,27 +49,30 @@ class Threads(ReliabilityCase):
             with lock:
                 downstream_calls.append(index)
                 bindings["inside"] = binding
+                if len(downstream_calls) > 1:  # a second admission: stop holding, and fail
+                    refusals_done.set()
             # the admitted call's own context passes the hook; same ids elsewhere do not
             hook_verdicts["own"] = guard.pre_tool_call(tool_name="pay", args={"i": index},
                                                       session_id="s", tool_call_id=f"c{index}")
-            # hold the call open until every other thread has been refused
-            refusals_done.wait(20)
+            # hold the call open until every other thread has its answer, however long
+            refusals_done.wait()
             return {"ok": index}
 
         def call(index):
             try:
-                barrier.wait(10)
+                barrier.wait()
                 result = guard.tool_execution("pay", {"i": index}, lambda: downstream(index),
                                               session_id="s", tool_call_id=f"c{index}")
                 with lock:
                     results[index] = result
-                    if isinstance(result, str):
-                        done = sum(1 for value in results.values() if isinstance(value, str))
-                        if done == THREADS - 1:
-                            refusals_done.set()
                     bindings[index] = ADMISSION.get()
             except BaseException as exc:  # noqa: BLE001 - must be none
                 escaped.append(exc)
+            finally:
+                with lock:
+                    answered.append(index)
+                    if len(answered) == THREADS - 1:
+                        refusals_done.set()  # everyone but the admitted call has answered
 
         def run(index):
             if copied_context:
@@ -84,9 +93,9 @@ class Threads(ReliabilityCase):
         for thread in threads:
             thread.start()
         for thread in threads:
-            thread.join(30)
+            thread.join()
         stop_status.set()
-        watcher.join(10)
+        watcher.join()
         self.assertEqual(escaped, [])
         self.assertEqual(len(downstream_calls), 1)
         admitted = downstream_calls[0]
@@ -124,7 +133,7 @@ class Threads(ReliabilityCase):
                                                     tool_call_id="c")
             thread = threading.Thread(target=elsewhere)
             thread.start()
-            thread.join(10)
+            thread.join()
             # The same call re-entered in this context (the host may have
             # rewritten its arguments): it passes through.
             seen["reentry"] = guard.tool_execution(
@@ -156,6 +165,39 @@ class Processes(ReliabilityCase):
         self.assertTrue(result["ok"], result)
         self.assertEqual((result["re_executions"], result["lost_operations"]), (0, 0))
         self.assertLessEqual(result["max_in_flight"], 1)
+
+
+class LongVerification(ReliabilityCase):
+    """A fresh worker's full verification holds no writer lock: another
+    worker's outcome append made while it verifies is recorded.  The
+    verification is held open at its first event, so no process has to
+    outrun another."""
+
+    HISTORY_EVENTS = 1000
+    # A writer lock held by the verification would make the outcome append
+    # wait this long and then fail: the test then fails instead of hanging.
+    BUSY_TIMEOUT_SECONDS = 10
+
+    def test_outcome_is_recorded_while_another_worker_verifies(self):
+        subprocess.run([sys.executable, os.path.join(REPO, "bench", "bulk_journal.py"),
+                        self.data_dir, "--events", str(self.HISTORY_EVENTS)],
+                       check=True, capture_output=True, timeout=300)
+        booked = {"hook": None, "result": '{"status": "booked"}'}
+        first = start_worker(self, ONE_CALL_WORKER, self.data_dir, self.BUSY_TIMEOUT_SECONDS,
+                             "hold")
+        self.assertEqual(next_message(self, first), {"in_tool": True})
+        second = start_worker(self, ONE_CALL_WORKER, self.data_dir, self.BUSY_TIMEOUT_SECONDS,
+                              "pause")
+        self.assertEqual(next_message(self, second), {"verifying": True})
+        tell(first)  # its tool returns; the outcome append meets the verification
+        self.assertEqual(next_message(self, first), booked)
+        tell(second)
+        self.assertEqual(next_message(self, second), booked)
+        with Journal(self.data_dir, readonly=True) as journal:
+            status = journal.status()
+        self.assertEqual((status.checkpoint["count"], status.unresolved),
+                         (self.HISTORY_EVENTS + 4, ()))
+        self.assertVerifies()
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Power loss (issue 13): the crash-state explorer within the CI budget.
+"""Power loss: the crash-state explorer within the CI budget.
 
 tests/crash_explorer.py records each scenario of tests/explorer_scenarios.py
 under strace, enumerates the crash states docs/persistence.md allows, and runs
@@ -6,8 +6,8 @@ the product's own recovery on every distinct one.  Here:
 
 * ``RealTraces``: a seeded sample of each real trace (every trace point's
   "durable only" and "everything issued" state, plus a few random ones).  Every
-  violation must be a known finding (``KNOWN_FINDINGS``, with its diagnosis);
-  a new kind fails.  A known finding that no longer shows up fails too, so
+  violation must be a known one (``KNOWN_VIOLATIONS``, with its diagnosis);
+  a new kind fails.  A known violation that no longer shows up fails too, so
   that the table is kept true once the product is fixed (remove the line).
 * ``Mutants``: the explorer proves it can fail -- without the directory fsync
   after replacing head.json, or without SQLite's WAL fsync at COMMIT, it must
@@ -36,7 +36,7 @@ REQUIRE_STRACE = os.environ.get("CRASH_RECOVERY_REQUIRE_STRACE", "") == "1"
 SEED, SAMPLES, BUDGET = 13, 3, 40
 
 # (scenario, invariant) -> diagnosis.  Found in the real, unmutated traces.
-KNOWN_FINDINGS: dict = {}
+KNOWN_VIOLATIONS: dict = {}
 
 _scratch = None
 _recordings: dict = {}
@@ -85,7 +85,7 @@ def explored(name):
 
 
 class RealTraces(unittest.TestCase):
-    """Every scenario's real trace: only known findings, and all of them."""
+    """Every scenario's real trace: only known violations, and all of them."""
 
     maxDiff = None
 
@@ -97,13 +97,13 @@ class RealTraces(unittest.TestCase):
         print(f"\n  {result.summary()}", file=sys.stderr)
         found = {violation["invariant"] for violation in result.violations}
         unexpected = [violation for violation in result.violations
-                      if (name, violation["invariant"]) not in KNOWN_FINDINGS]
+                      if (name, violation["invariant"]) not in KNOWN_VIOLATIONS]
         self.assertEqual(unexpected, [], "new violations:\n" + "\n".join(
             explorer.format_violation(violation) for violation in unexpected[:3]))
-        gone = sorted(invariant for scenario_name, invariant in KNOWN_FINDINGS
+        gone = sorted(invariant for scenario_name, invariant in KNOWN_VIOLATIONS
                       if scenario_name == name and invariant not in found)
-        self.assertEqual(gone, [], f"known findings of {name} no longer found (fixed? then "
-                                   "remove them from KNOWN_FINDINGS)")
+        self.assertEqual(gone, [], f"known violations of {name} no longer found (fixed? then "
+                                   "remove them from KNOWN_VIOLATIONS)")
         self.assertGreater(result.checked, 0)
 
     def test_call(self):

@@ -1,4 +1,4 @@
-"""SIGKILL at every durable boundary (issue 4 part 1; docs/guard.md §Execution contract, docs/format.md §Append).
+"""SIGKILL at every durable boundary (docs/guard.md §Execution contract, docs/format.md §Append).
 
 Each case runs ``tests/crash_worker.py`` in a real subprocess that SIGKILLs
 itself at one named boundary of one step: the ``started`` append, downstream

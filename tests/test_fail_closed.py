@@ -1,4 +1,4 @@
-"""Fail-closed injection (issue 4 part 4; docs/guard.md §Execution contract, §Inside Hermes).
+"""Fail-closed injection (docs/guard.md §Execution contract, §Inside Hermes).
 
 Every internal step of admission is made to fail in turn -- sqlite3.connect,
 each statement (journal_mode, synchronous, BEGIN IMMEDIATE, data_version,
@@ -361,9 +361,14 @@ class Environments(ReliabilityCase):
                                                   if sql.upper().startswith("PRAGMA JOURNAL_MODE")
                                                   else real.execute(sql, *a))
             return connection
-        with mock.patch.object(sqlite3, "connect", connect):
+        logging.disable(logging.NOTSET)  # this test reads the log
+        self.addCleanup(logging.disable, logging.CRITICAL)
+        with mock.patch.object(sqlite3, "connect", connect), \
+                self.assertLogs("crash_recovery", "WARNING") as logs:
             result = self.blocked(RecoveryGuard(self.data_dir), "wal_unavailable")
-        self.assertIn("'delete'", result["explanation"])
+        # SQLite's answer is for the operator's log; the chat gets the code.
+        self.assertIn("'delete'", "\n".join(logs.output))
+        self.assertNotIn("'delete'", result["explanation"])
         self.assertFalse(os.path.exists(os.path.join(self.data_dir, "head.json")))
 
     def test_unwritable_directory(self):

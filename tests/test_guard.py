@@ -636,7 +636,7 @@ class BindingTests(GuardTestCase):
             context = contextvars.copy_context()
             thread = threading.Thread(target=context.run, args=(bridge,))
             thread.start()
-            thread.join(10)
+            thread.join()
             return seen["middleware"]
 
         self.assertBlocked(self.call(downstream=execute_code), "nested_call")
@@ -741,8 +741,9 @@ class FailClosedTests(GuardTestCase):
         self.assertFalse(os.path.exists(self.data_dir))
 
     def test_next_call_missing(self):
+        # What Hermes' plugins.isolation: host does (tests/test_isolation_mode.py).
         self.assertBlocked(self.guard.tool_execution(tool_name="book_trip", args={}),
-                           "invalid_request")
+                           "isolation_unsupported")
 
     def test_non_dict_arguments(self):
         for args in (None, [], ["to", "LIS"], "to=LIS", 5):
@@ -837,6 +838,30 @@ class SecretsTests(GuardTestCase):
         self.assertIn("journal.sqlite3-wal", names)
         self.close_guard(self.guard)
         self.assertSecretNowhere()
+        self.assertVerifies()
+
+
+class CopiedContextBindingTests(GuardTestCase):
+    """A context copied during a call does not pass as re-entry after the call
+    ended: the middleware and the hook both meet the gate."""
+
+    def test_stale_binding_is_refused(self):
+        captured = {}
+
+        def downstream():
+            captured["context"] = contextvars.copy_context()
+            raise TimeoutError("gateway timeout")
+
+        with self.assertRaises(TimeoutError):
+            self.call(downstream=downstream)
+        again = Downstream()
+        self.assertBlocked(captured["context"].run(self.call, downstream=again),
+                           "unresolved_operations")
+        self.assertHookBlocked(captured["context"].run(self.hook), "unresolved_operations")
+        self.assertEqual(again.calls, 0)
+        kinds = [event["kind"] for _, event in self.guard._journal.events()]
+        self.assertEqual(kinds, ["started", "uncertain"])
+        self.close_guard(self.guard)
         self.assertVerifies()
 
 

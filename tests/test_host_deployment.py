@@ -4,10 +4,10 @@ Protection modes from config.yaml (and from the real ``hermes config set``),
 ``hermes [-p PROFILE] crash-recovery ...`` against ``operator_cli.py``,
 ``/crash-recovery`` through Hermes' own dispatch, the blocked text the model
 receives, the WARNING in Hermes' log, and re-entry on the concurrent path and
-through execute_code's RPC bridge (issue 10, cases 4 and 5).
+through execute_code's RPC bridge.
 
 The checker runs as a subprocess of this interpreter (``sys.executable``),
-which must have ``hermes-agent`` installed. Without it the tests skip with the
+which must import Hermes (any packaging). Without it the tests skip with the
 reason, unless ``CRASH_RECOVERY_REQUIRE_HOST=1`` (set by CI), which turns the
 skip into a failure.
 """
@@ -22,6 +22,7 @@ sys.path.insert(0, str(TESTS_DIR))
 sys.path.insert(0, str(TESTS_DIR / "host"))
 
 from test_host import CheckerReport  # noqa: E402
+from check_deployment import config_set_stores_lists  # noqa: E402
 
 CHECK_DEPLOYMENT = TESTS_DIR / "host" / "check_deployment.py"
 CHECK_DEPLOYMENT_TIMEOUT_SECONDS = 420
@@ -30,7 +31,7 @@ REGISTRATION_CHECKS = ("plugin_loaded", "plugin_source", "tools_registered", "ho
 
 
 class DeploymentChecks(CheckerReport):
-    """crash-recovery as an operator deploys and runs it inside Hermes 0.19.0."""
+    """crash-recovery as an operator deploys and runs it inside Hermes (0.19.0, 0.20.1, 0.22.2)."""
 
     checker = CHECK_DEPLOYMENT
     timeout = CHECK_DEPLOYMENT_TIMEOUT_SECONDS
@@ -68,8 +69,11 @@ class DeploymentChecks(CheckerReport):
                                "protected_tool_refused_middleware", "protected_tool_refused_hook",
                                "refused_booking_not_run", "journal_holds_only_protected_calls")
 
-    def test_hermes_config_set_stores_a_string_the_plugin_reads(self) -> None:
-        self.assert_checks("mode_config_set", "config_set_exit_0", "config_set_stores_a_string",
+    def test_hermes_config_set_value_the_plugin_reads(self) -> None:
+        # 0.19 and 0.20 store the typed list as a string, 0.22 as a list.
+        stored = ("config_set_stores_a_list" if config_set_stores_lists()
+                  else "config_set_stores_a_string")
+        self.assert_checks("mode_config_set", "config_set_exit_0", stored,
                            "config_set_keeps_enabled_plugins", "status_shows_protected_mode")
 
     def test_unknown_setting_reported_and_fails_closed(self) -> None:
@@ -136,14 +140,14 @@ class DeploymentChecks(CheckerReport):
         self.assert_checks("profiles.default", "failure_uncertain", "blocked_operator_command",
                            "blocked_resolve_command", "blocked_no_path")
 
-    # -- 5. issue 10, cases 4 and 5 ------------------------------------------------
+    # -- 5. re-entry: coerced arguments, the RPC bridge ----------------------------
 
-    def test_reentry_with_arguments_coerced_between_entries(self) -> None:
+    def test_reentry_with_arguments_coerced_by_the_host(self) -> None:
         self.assert_checks("reentry", "conversation_finished", "web_one_admitted_one_refused",
-                           "web_host_coerced_args_between_entries",
+                           "web_host_arg_types_per_entry",
                            "web_inner_entry_passed_as_reentry", "web_handler_ran_once_with_list",
                            "web_no_nested_call", "read_file_admitted_calls_ran_once",
-                           "read_file_host_coerced_args_between_entries",
+                           "read_file_host_arg_types_per_entry",
                            "no_uncertain_operation", "profile_not_blocked_after",
                            "book_trip_after_runs")
 

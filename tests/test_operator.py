@@ -1,4 +1,4 @@
-"""Operator experience (issue 6), on real processes and files.
+"""Operator experience, on real processes and files.
 
 * the owner lock across a real child process that runs a protected call
   through RecoveryGuard and blocks inside downstream: ``running`` while it

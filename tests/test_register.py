@@ -132,14 +132,16 @@ class RegisterTests(JournalTestCase):
         self.assertEqual(guard_module.command_line.__module__, f"{PACKAGE}.reports.messages")
         self.assertEqual(guard_module.Gate.__module__, f"{PACKAGE}.admission.gate")
 
-    def test_registers_exactly_middleware_hook_and_two_tools(self):
+    def test_registers_exactly_middleware_two_hooks_and_two_tools(self):
         calls = self.registered(StubContext())
         self.assertEqual([(kind, name) for kind, name, _ in calls],
                          [("middleware", "tool_execution"), ("hook", "pre_tool_call"),
-                          ("tool", "crash_recovery_status"), ("tool", "crash_recovery_verify")])
-        middleware, hook = calls[0][2], calls[1][2]
+                          ("hook", "post_tool_call"), ("tool", "crash_recovery_status"),
+                          ("tool", "crash_recovery_verify")])
+        middleware, hook, observer = calls[0][2], calls[1][2], calls[2][2]
         self.assertIs(middleware.__self__, hook.__self__)  # one guard for both gates
-        for _, name, options in calls[2:]:
+        self.assertIs(observer.__self__, hook.__self__)  # and for the host's refusal reports
+        for _, name, options in calls[3:]:
             self.assertEqual(options["schema"]["name"], name)
             self.assertEqual(options["schema"]["parameters"]["type"], "object")
             self.assertTrue(options["schema"]["description"])
@@ -215,10 +217,10 @@ class RegisterTests(JournalTestCase):
                                         next_call=lambda: ran.append(1) or "ok",
                                         session_id="s", tool_call_id="c", task_id="t"), "ok")
             self.assertEqual(ran, [1])
-            status_handler = calls[2][2]["handler"]
+            status_handler = calls[3][2]["handler"]
             status = json.loads(status_handler({}, task_id="t", session_id="s", user_task="u"))
         data_dir = os.path.join(self.home, "plugin-data", "crash-recovery")
-        self.assertEqual(status["data_dir"], data_dir)
+        self.assertNotIn("data_dir", status)  # no path reaches a chat
         self.assertEqual((status["ok"], status["integrity"], status["unresolved"]), (True, "ok", []))
         self.assertVerifies(data_dir)
 
@@ -329,7 +331,8 @@ print(json.dumps({{"registered": [c[:2] for c in calls], "before": before, "resu
         output = json.loads(completed.stdout)
         self.assertEqual(output["registered"],
                          [["middleware", "tool_execution"], ["hook", "pre_tool_call"],
-                          ["tool", "crash_recovery_status"], ["tool", "crash_recovery_verify"]])
+                          ["hook", "post_tool_call"], ["tool", "crash_recovery_status"],
+                          ["tool", "crash_recovery_verify"]])
         self.assertEqual(output["before"], ["plugins"])  # registration wrote nothing
         self.assertEqual(output["result"], "booked")
         self.assertEqual(output["modules"], [])  # no top-level fallback imports

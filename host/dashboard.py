@@ -1,0 +1,227 @@
+"""The crash-recovery page of the Hermes dashboard: what its API routes answer
+(docs/dashboard.md).
+
+``dashboard/plugin_api.py`` (imported by the dashboard only, never by
+``register(ctx)``) turns each route into one call here.  Every answer is the
+operator command's own document (docs/cli.md): the same commands of
+``reconciliation/commands.py`` run, with the same rules, the same error codes
+and the same ``operator.log`` line; the dashboard adds only who acted
+(``"via": "dashboard"`` and the dashboard's user, where it knows one) and the
+profile it serves.  Standard library only; Hermes modules are reached through
+:mod:`host.hermes`, lazily.
+
+Every journal access of the dashboard process is serialised by one lock: the
+page polls while people settle, and a slow verification of a long history must
+not interleave with a resolution in the same process (other processes are kept
+apart by the journal's own locks).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import threading
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from ..admission.settings import settings_view
+from ..reconciliation.commands import command_log, run_command
+from ..reports.messages import hermes_prefix, next_command, next_step, status_next_step
+from ..reports.status import GATE_CLOSED
+from ..storage import archive
+from . import hermes
+from .program import host_program
+
+# HTTP status of a refused request, by error code (docs/dashboard.md §Routes);
+# every other refusal and every integrity verdict is 409.
+BAD_REQUEST_CODES = frozenset({"usage", "invalid_evidence", "invalid_operation_id"})
+NOT_FOUND_CODES = frozenset({"unknown_operation"})
+OUTCOMES = ("completed", "not_applied")
+# What a request body may hold, per writing command.
+RESOLVE_FIELDS = {"outcome", "evidence", "force"}
+ACKNOWLEDGE_FIELDS = {"evidence"}
+# Dashboard users are shown, not trusted: bounded so a provider's odd profile
+# cannot bloat every journal event.
+IDENTITY_FIELD_MAX_CHARS = 256
+
+_JOURNAL_ACCESS = threading.Lock()
+
+
+def http_status(document: dict) -> int:
+    """The HTTP status of an error document: 400 (bad input), 404 (no such
+    operation) or 409 (refused, or the journal cannot be trusted)."""
+    code = (document.get("error") or {}).get("code")
+    if code in BAD_REQUEST_CODES:
+        return 400
+    return 404 if code in NOT_FOUND_CODES else 409
+
+
+def dashboard_operator(session: Any = None, client: Optional[str] = None) -> dict:
+    """What the dashboard knows of the person acting, added to the operator
+    identity of docs/cli.md: ``{"via": "dashboard", "dashboard_user": {...} or
+    None, "client": address or None}``.  ``session``: the dashboard's verified
+    login (its auth gate's session: ``user_id``, ``email``, ``display_name``,
+    ``provider``), None on a loopback dashboard, which knows only that the
+    request carried its session token."""
+    user = None
+    if session is not None:
+        user = {name: _bounded(getattr(session, name, None))
+                for name in ("user_id", "email", "display_name", "provider")}
+    return {"via": "dashboard", "dashboard_user": user, "client": _bounded(client)}
+
+
+def _bounded(value: Any) -> Optional[str]:
+    return None if value is None else str(value)[:IDENTITY_FIELD_MAX_CHARS]
+
+
+def profile_view() -> dict:
+    """The profile this dashboard serves: ``{"name", "home", "command"}``.
+    ``name``: ``default``, the NAME of a ``.../profiles/NAME`` home, or
+    ``custom`` for a ``HERMES_HOME`` elsewhere (its commands then need that
+    ``HERMES_HOME``); None outside Hermes.  ``command``: how this profile's
+    operator commands are run here (``hermes -p NAME crash-recovery``)."""
+    home = name = None
+    try:
+        from hermes_constants import get_hermes_home  # type: ignore[import-not-found]
+        home = Path(get_hermes_home())
+    except Exception:  # outside Hermes: the page still works, unnamed
+        pass
+    if home is not None:
+        if home.parent.name == "profiles":
+            name = home.name
+        else:
+            default = Path(os.path.expanduser("~")) / ".hermes"
+            name = "default" if os.path.realpath(home) == os.path.realpath(default) else "custom"
+    return {"name": name, "home": None if home is None else str(home),
+            "command": " ".join(command_words(name))}
+
+
+def command_words(profile: Optional[str]) -> tuple:
+    """``PROGRAM [-p PROFILE] crash-recovery`` for the served profile, PROGRAM
+    being the host's own (``hermes``; ``hermesx`` on 0.20.1)."""
+    return hermes_prefix(profile, host_program())
+
+
+class DashboardCommands:
+    """The routes' answers for one profile: each method returns ``(document,
+    http status)``.  ``journal_class``: ``journal.Journal`` (handed down by
+    plugin_api.py); ``data_dir()``: the profile's data directory (default: the
+    one Hermes resolves for the dashboard's process); ``settings()``: the raw
+    plugin settings (default: the profile's ``config.yaml``)."""
+
+    def __init__(self, journal_class: Callable[..., Any],
+                 data_dir: Callable[[], Any] = hermes.resolve_data_dir,
+                 settings: Optional[Callable[[], Any]] = None):
+        self.journal_class = journal_class
+        self.data_dir = data_dir
+        self.settings = settings if settings is not None else hermes.settings_reader(None)
+
+    def _run(self, command: Any, **arguments: Any) -> tuple:
+        args = argparse.Namespace(**arguments)
+        with _JOURNAL_ACCESS:
+            document, ok = run_command(command, args, str(self.data_dir()), self.journal_class)
+        # The next command as this profile runs it (docs/cli.md §Output).
+        prefix = command_words(profile_view()["name"])
+        if not ok:
+            error = document["error"]
+            error["next"] = next_command(prefix, next_step(error["code"], error.get("found")))
+        elif command == "status":
+            document["next"] = next_command(prefix, status_next_step(document))
+        return document, 200 if ok else http_status(document)
+
+    # ------------------------------------------------------------- reading --
+
+    def status(self) -> tuple:
+        """``status`` (docs/cli.md §status) plus ``settings`` and ``profile``;
+        an error document also gets ``gate: closed`` (nothing protected runs),
+        except ``journal_absent`` (no protected call yet: the gate is open)."""
+        document, code = self._run("status", check=False)
+        document.setdefault("data_dir", str(self.data_dir()))  # error documents too
+        document["settings"] = settings_view(self.settings)
+        document["profile"] = profile_view()
+        if not document.get("ok"):
+            absent = (document.get("error") or {}).get("code") == "journal_absent"
+            document["gate"] = "open" if absent else GATE_CLOSED
+        return document, code
+
+    def show(self, operation_id: Any) -> tuple:
+        """``show OP``: the operation and its whole verified history."""
+        return self._run("show", operation_id=str(operation_id))
+
+    def verify(self) -> tuple:
+        """``verify``: a full verification (also lists past repairs)."""
+        return self._run("verify", checkpoint=None, all=False)
+
+    def checkpoint(self) -> tuple:
+        """``checkpoint``: the current checkpoint, exactly as the CLI prints it."""
+        return self._run("checkpoint")
+
+    def archives(self) -> tuple:
+        """``{"ok", "integrity", "data_dir", "archives": [anchor, ...]}``,
+        newest first: the archives the live segment's anchor chain reaches
+        (docs/format.md §Archives), after one full verification."""
+        return self._run(_list_archives, since=0, all=False)
+
+    # ------------------------------------------------------------- writing --
+
+    def resolve(self, operation_id: Any, body: Any, operator_via: dict) -> tuple:
+        """``resolve OP --outcome O --evidence E [--force]`` from a JSON body
+        ``{"outcome", "evidence", "force"?}``; the same refusals as the CLI."""
+        problem = _body_problem(body, RESOLVE_FIELDS)
+        if problem is None and body.get("outcome") not in OUTCOMES:
+            problem = "outcome must be completed or not_applied"
+        if problem is None and not isinstance(body.get("force", False), bool):
+            problem = "force must be true or false"
+        if problem:
+            return usage(problem)
+        return self._run("resolve", operation_id=str(operation_id), outcome=body["outcome"],
+                         evidence=body["evidence"], force=body.get("force", False),
+                         operator_via=operator_via)
+
+    def acknowledge(self, operation_id: Any, body: Any, operator_via: dict) -> tuple:
+        """``acknowledge OP --evidence E`` from a JSON body ``{"evidence"}``."""
+        problem = _body_problem(body, ACKNOWLEDGE_FIELDS)
+        if problem:
+            return usage(problem)
+        return self._run("acknowledge", operation_id=str(operation_id),
+                         evidence=body["evidence"], operator_via=operator_via)
+
+
+def _list_archives(args: argparse.Namespace, data_dir: str, journal_class: Callable) -> dict:
+    """The archives command of the page (see :meth:`DashboardCommands.archives`)."""
+    events = command_log(args, data_dir, journal_class)["events"]
+    try:
+        first = next(events, None)  # started: closing it closes the journal
+    finally:
+        events.close()
+    anchor = first.get("archive") if first and first.get("kind") == "archived" else None
+    return {"ok": True, "integrity": "ok", "data_dir": data_dir,
+            "archives": archive.anchors(data_dir, anchor)}
+
+
+def _body_problem(body: Any, fields: set) -> Optional[str]:
+    """What is wrong with a request body (None: nothing); evidence must be
+    text (its content is the command's to judge: ``invalid_evidence``)."""
+    if not isinstance(body, dict):
+        return "the request body must be a JSON object"
+    unknown = sorted(str(key)[:40] for key in body if key not in fields)
+    if unknown:
+        return f"unknown field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(fields))}"
+    if not isinstance(body.get("evidence"), str):
+        return "evidence is required: the text of what you checked"
+    return None
+
+
+def usage(message: str) -> tuple:
+    """A malformed request: ``(usage error document, 400)``, as the CLI
+    answers a malformed command line."""
+    document = {"ok": False, "error": {"code": "usage", "message": message}}
+    return document, http_status(document)
+
+
+def checkpoint_file_name(checkpoint: dict) -> str:
+    """``crash-recovery-checkpoint-<profile>-<count>.json``: the download's
+    name (only letters, digits, ``-`` and ``_``: safe in a header)."""
+    profile = "".join(character if character.isascii() and (character.isalnum()
+                                                            or character in "-_") else "_"
+                      for character in str(profile_view()["name"] or "profile"))[:64]
+    return f"crash-recovery-checkpoint-{profile}-{int(checkpoint.get('count', 0))}.json"

@@ -1,0 +1,65 @@
+"""What the model's inspection tools return (docs/guard.md §Inspection tools):
+what it needs to tell a person, and nothing an operator surface alone should
+show.  No path (the data directory, file names), no process ids, no hashes or
+sequence numbers, no internal error text: a code, a plain sentence, and the
+command the person runs (``hermes -p PROFILE crash-recovery ...``)."""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from .messages import (INTEGRITY_VERDICTS, bounded, command_line, next_command,
+                       status_next_step)
+
+# The fields of an operation a person needs to find the call in the real service.
+OPERATION_FIELDS = ("operation_id", "tool", "state", "reason", "outcome", "late_reason",
+                    "started_at", "age_seconds", "owner", "session_id", "tool_call_id",
+                    "lost_after", "lost_before")
+# Fields of the operator's report that never reach a chat.
+OPERATOR_ONLY = ("data_dir", "in_flight", "resolved_running", "checkpoint", "unresolved",
+                 "attention", "error")
+
+
+def chat_error(error: dict) -> dict:
+    """``{"code", "message"}`` for a chat: a sentence by kind of code, never
+    the operator's message (it names files and internal steps)."""
+    code = str(error.get("code"))
+    if code in INTEGRITY_VERDICTS:
+        message = ("The journal that records protected calls failed its integrity check; "
+                   "protected calls are refused until an operator has looked at it.")
+    elif code == "database_locked":
+        message = "The journal was busy; try again in a moment."
+    else:
+        message = ("The journal cannot be used right now; protected calls are refused until "
+                   "an operator has looked at it.")
+    return {"code": bounded(code), "message": message}
+
+
+def chat_status(report: dict, prefix: Optional[Sequence[str]]) -> dict:
+    """``crash_recovery_status`` from the guard's status report: ``ok``,
+    ``integrity``, ``gate``, ``events``, ``call_running``,
+    ``resolved_calls_running`` (how many force-resolved calls still run), ``unresolved`` and
+    ``attention`` (the fields of :data:`OPERATION_FIELDS`), ``settings``,
+    ``error`` (:func:`chat_error`), ``operator_command`` (``status``) and
+    ``next`` (the command that moves things forward), plus any other field
+    the report carries (e.g. a problem of the host)."""
+    shown = {key: bounded(value) for key, value in report.items() if key not in OPERATOR_ONLY}
+    shown["events"] = (report.get("checkpoint") or {}).get("count")
+    shown["call_running"] = bool(report.get("in_flight"))
+    shown["resolved_calls_running"] = len(report.get("resolved_running") or [])
+    for key in ("unresolved", "attention"):
+        shown[key] = [{field: bounded(operation.get(field)) for field in OPERATION_FIELDS
+                       if field in operation} for operation in report.get(key) or []]
+    if report.get("error"):
+        shown["error"] = chat_error(report["error"])
+    shown["operator_command"] = command_line(prefix, "status") if prefix else None
+    shown["next"] = next_command(prefix, status_next_step(report)) if prefix else None
+    return shown
+
+
+def chat_verify(report: dict) -> dict:
+    """``crash_recovery_verify``: the verdict, the checkpoint (to keep
+    elsewhere) and counts; an error as :func:`chat_error`."""
+    shown = dict(report)
+    if report.get("error"):
+        shown["error"] = chat_error(report["error"])
+    return shown
