@@ -21,7 +21,7 @@ import threading
 import time
 import urllib.parse
 import uuid
-from typing import Optional
+from typing import Iterator, Optional
 
 from . import forksafe
 from .durable import (BOUNDARY_KIND_GENESIS, TEMP_SUFFIX, file_size, file_state, fsync_directory,
@@ -89,6 +89,7 @@ def _forget_database(path: str) -> None:
             return
         _OPEN_DATABASES.pop(path, None)
         held = _HELD_DESCRIPTORS.pop(path, [])
+        held += [descriptor for _, descriptor in _COMPANION_DESCRIPTORS.pop(path, [])]
     for descriptor in held:
         with contextlib.suppress(OSError):
             os.close(descriptor)
@@ -97,6 +98,41 @@ def _forget_database(path: str) -> None:
 # Raw descriptors of a database file (storage/calls.py flocks it) whose close
 # waits until this process holds no connection to that file (path -> [fd]).
 _HELD_DESCRIPTORS: dict = {}
+# Descriptors of a database's companion files (its -shm: storage/writer_lock.py
+# asks the kernel about SQLite's locks through one), opened while this process
+# has a connection to the database and closed with its last connection
+# (database path -> [((dev, ino), fd)]): closing one earlier would drop the
+# connection's POSIX locks on that file.
+_COMPANION_DESCRIPTORS: dict = {}
+
+
+@contextlib.contextmanager
+def companion_descriptor(database_path: str, file_path: str) -> Iterator[int]:
+    """A read-only descriptor of ``file_path`` (a companion file of the
+    database at ``database_path``, e.g. its ``-shm``) for a lock query.  While
+    this process has a connection to the database, one descriptor per file
+    identity is kept until the last connection closes (never closed under a
+    live connection); otherwise a fresh one is closed on exit.  Connections
+    neither open nor close meanwhile: keep the body short (one ``fcntl``).
+    Raises ``OSError`` (``FileNotFoundError`` when the file does not exist)."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    with _OPEN_DATABASES_LOCK:
+        if not _OPEN_DATABASES.get(database_path):
+            descriptor = os.open(file_path, flags)
+            try:
+                yield descriptor
+            finally:
+                os.close(descriptor)
+            return
+        found = os.stat(file_path)
+        kept = _COMPANION_DESCRIPTORS.setdefault(database_path, [])
+        identity = (found.st_dev, found.st_ino)
+        descriptor = next((fd for key, fd in kept if key == identity), None)
+        if descriptor is None:
+            descriptor = os.open(file_path, flags)
+            opened = os.fstat(descriptor)  # replaced between stat and open: its own identity
+            kept.append(((opened.st_dev, opened.st_ino), descriptor))
+        yield descriptor
 
 
 def close_database_descriptor(path: str, descriptor: int) -> None:

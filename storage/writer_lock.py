@@ -11,8 +11,8 @@ from "the files disagree".
 
 Hazard: closing *any* descriptor of a file drops every POSIX lock this process
 holds on it.  While this process has a connection to the journal (SQLite
-holds read locks on ``-shm``), the descriptor used to ask is therefore never
-closed: one is opened per ``-shm`` file and kept for the life of the process.
+holds read locks on ``-shm``), the descriptor used to ask is therefore kept
+until its last connection closes (:func:`database.companion_descriptor`).
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ try:
 except ImportError:  # Windows: nobody can tell
     fcntl = None  # type: ignore[assignment]
 
-from .database import _OPEN_DATABASES, _OPEN_DATABASES_LOCK
+from .database import companion_descriptor
 from .durable import file_state
 from .record import SHM_SUFFIX, WAL_SUFFIX
 
@@ -38,14 +38,9 @@ from .record import SHM_SUFFIX, WAL_SUFFIX
 WAL_WRITE_LOCK_OFFSET = 120
 # ``struct flock`` on Linux (64-bit off_t): l_type, l_whence, l_start, l_len, l_pid.
 _FLOCK = "@hhqqi4x"
-# ``-shm`` descriptors kept open (see the module docstring): (dev, ino) -> fd.
-_KEPT: dict = {}
-_KEPT_LOCK = threading.Lock()
+_WRITING_LOCK = threading.Lock()
 # Write transactions of this process in progress: database path -> thread ids.
 _WRITING: dict = {}
-# More distinct -shm files than this in one process: stop keeping descriptors
-# (and answer "cannot tell") rather than grow without bound.
-MAX_KEPT_DESCRIPTORS = 64
 # Seconds between two looks at a writer that may be stuck (stuck_writer).
 STUCK_POLL_SECONDS = 0.01
 
@@ -56,12 +51,12 @@ def writing_here(database_path: str) -> Iterator[None]:
     kernel does not report a process's own locks to itself, so the other
     threads of this process learn it here."""
     thread = threading.get_ident()
-    with _KEPT_LOCK:
+    with _WRITING_LOCK:
         _WRITING.setdefault(database_path, []).append(thread)
     try:
         yield
     finally:
-        with _KEPT_LOCK:
+        with _WRITING_LOCK:
             _WRITING[database_path].remove(thread)
             if not _WRITING[database_path]:
                 del _WRITING[database_path]
@@ -72,56 +67,27 @@ def writer_pid(database_path: str) -> Optional[int]:
     process's own while another of its threads is inside
     :func:`writing_here`), 0 when nobody does (or no ``-shm`` exists: no
     connection anywhere), None when this platform cannot tell.  Never takes a
-    lock; never raises."""
-    with _KEPT_LOCK:
+    file lock; never raises."""
+    with _WRITING_LOCK:
         if set(_WRITING.get(database_path, ())) - {threading.get_ident()}:
             return os.getpid()
     if fcntl is None or not sys.platform.startswith("linux"):
         return None
-    shm_path = database_path + SHM_SUFFIX
-    with _OPEN_DATABASES_LOCK:
-        connected = bool(_OPEN_DATABASES.get(database_path))
+    request = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, WAL_WRITE_LOCK_OFFSET, 1, 0)
     try:
-        descriptor = _kept(shm_path) if connected else os.open(
-            shm_path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        with companion_descriptor(database_path, database_path + SHM_SUFFIX) as descriptor:
+            answer = struct.unpack(_FLOCK, fcntl.fcntl(descriptor, fcntl.F_GETLK, request))
     except FileNotFoundError:
         return 0
     except OSError:
         return None
-    if descriptor is None:
-        return None
-    try:
-        request = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, WAL_WRITE_LOCK_OFFSET, 1, 0)
-        answer = struct.unpack(_FLOCK, fcntl.fcntl(descriptor, fcntl.F_GETLK, request))
-    except OSError:
-        return None
-    finally:
-        if not connected:
-            os.close(descriptor)  # no connection here: no lock of ours to drop
     return 0 if answer[0] == fcntl.F_UNLCK else int(answer[4]) or -1
-
-
-def _kept(shm_path: str) -> Optional[int]:
-    """A descriptor of the ``-shm`` file now at ``shm_path`` that this process
-    keeps open for good (a close would release its SQLite locks on the file);
-    None past :data:`MAX_KEPT_DESCRIPTORS`.  Raises ``OSError``."""
-    found = os.stat(shm_path)
-    key = (found.st_dev, found.st_ino)
-    with _KEPT_LOCK:
-        kept = _KEPT.get(key)
-        if kept is not None or len(_KEPT) >= MAX_KEPT_DESCRIPTORS:
-            return kept
-        descriptor = os.open(shm_path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-        opened = os.fstat(descriptor)
-        # Replaced between stat and open: keep it under its own identity.
-        _KEPT[(opened.st_dev, opened.st_ino)] = descriptor
-        return descriptor
 
 
 def _reset_in_child() -> None:
     """A forked child writes nothing of its parent's (docs/guard.md §Child processes)."""
-    global _KEPT_LOCK
-    _KEPT_LOCK = threading.Lock()
+    global _WRITING_LOCK
+    _WRITING_LOCK = threading.Lock()
     _WRITING.clear()
 
 
