@@ -60,14 +60,25 @@ ERROR_HINTS = {
                       "call, and nothing is blocked there",
     "operation_not_open": "the operation is already settled: `show OP` prints its history",
     "unknown_operation": "copy the operation id from `status`",
-    "repair_not_applicable": "repair-checkpoint only clears checkpoint_ahead; for every other "
+    "repair_not_applicable": "repair-checkpoint only clears checkpoint_ahead (`found` says what "
+                             "the journal shows; `ok` needs no repair); for any other "
                              "integrity verdict, stop every worker and run the `next` command "
                              "(restart-journal): it keeps the broken files as evidence and "
                              "every operation that may have run open",
+    "journal_rolled_back": "events head.json vouched for are missing: a deleted "
+                           "journal.sqlite3-wal, deleted events or an older copy restored. Stop "
+                           "every worker and run the `next` command (restart-journal): it keeps "
+                           "the broken files as evidence and every operation that may have run "
+                           "open",
+    "wal_missing": "the journal's write-ahead log (journal.sqlite3-wal) vanished under a running "
+                   "worker: stop every worker and run the `next` command (restart-journal): it "
+                   "keeps the remaining files as evidence and every operation that may have run "
+                   "open",
     "database_locked": "a process holds the journal's writer lock; retry in a moment. If it "
                        "stays, look at the process named in writer_pid: protected calls are "
                        "refused until it lets go",
-    "nothing_to_acknowledge": "`status` lists the late outcomes that need acknowledging",
+    "nothing_to_acknowledge": "`status` lists the late outcomes that need acknowledging; an "
+                              "operation that is still open is settled with `resolve`",
     "owner_lock_stuck": "a process holds owner.lock without a call in the journal (error.owner "
                         "names it): stop it; protected calls are refused until it lets go",
     "read_access_only": "this user may read the journal but not write it: run the command as "

@@ -61,6 +61,13 @@ class Hints(JournalTestCase):
         self.assertNotIn("stop the workers", ERROR_HINTS["read_access_only"])
         self.assertIn("`next`", ERROR_HINTS["checkpoint_ahead"])
 
+    def test_verdicts_whose_way_forward_is_a_new_journal_say_so(self):
+        for code in ("journal_rolled_back", "wal_missing"):
+            self.assertIn("`next` command (restart-journal)", ERROR_HINTS[code], code)
+        # A repair refused on a healthy journal must not send anyone to a missing `next`.
+        self.assertIn("`ok` needs no repair", ERROR_HINTS["repair_not_applicable"])
+        self.assertIn("`resolve`", ERROR_HINTS["nothing_to_acknowledge"])
+
     def test_help_needs_no_file_and_names_every_way_forward(self):
         top = argparse.ArgumentParser(prog="hermes")
         parser = top.add_subparsers().add_parser("crash-recovery")
