@@ -39,11 +39,11 @@ from .journal import Journal
 from .reconciliation.commands import CommandError, run_command
 from .reports.messages import next_command, next_step, standalone_prefix, status_next_step
 from .reports.render import json_text, log_text_lines, render_text, stdout_takes_unicode
-from .reports.status import GATE_CLOSED, absent_journal_status, prometheus_text
+from .reports.status import (GATE_CLOSED, absent_journal_status, note_platform_problem,
+                             prometheus_text)
 from .storage.durable import read_regular_file
 from .storage.errors import JournalError
 from .storage.record import CHECKPOINT_NAME, INTENT_NAME
-from .storage.platform_support import platform_problem
 
 EXIT_OK, EXIT_ERROR, EXIT_ATTENTION = 0, 1, 3
 FORMATS = ("json", "text", "prometheus")
@@ -233,9 +233,7 @@ def execute(args: argparse.Namespace, data_dir_default: Callable[[], str],
     if command == "status" and settings is not None:
         result["settings"] = settings_view(settings, registered_tools)
     if command == "status" and data_dir is not None:
-        problem = platform_problem(data_dir)  # the guard refuses protected calls then
-        if problem is not None:
-            result["platform_problem"] = problem
+        note_platform_problem(result, data_dir)  # the guard refuses protected calls then
     if data_dir is not None:  # the next command, as it is run here (docs/cli.md §Output)
         here = tuple(prefix(data_dir)) if prefix else standalone_prefix(data_dir)
         if exit_code == EXIT_ERROR:

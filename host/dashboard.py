@@ -26,7 +26,7 @@ from typing import Any, Callable, Optional
 from ..admission.settings import settings_view
 from ..reconciliation.commands import command_log, run_command
 from ..reports.messages import hermes_prefix, next_command, next_step, status_next_step
-from ..reports.status import GATE_CLOSED
+from ..reports.status import GATE_CLOSED, GATE_OPEN, note_platform_problem
 from ..storage import archive
 from . import hermes
 from .program import host_program
@@ -140,7 +140,8 @@ class DashboardCommands:
         document["profile"] = profile_view()
         if not document.get("ok"):
             absent = (document.get("error") or {}).get("code") == "journal_absent"
-            document["gate"] = "open" if absent else GATE_CLOSED
+            document["gate"] = GATE_OPEN if absent else GATE_CLOSED
+        note_platform_problem(document, str(self.data_dir()))  # as the CLI's status says
         return document, code
 
     def show(self, operation_id: Any) -> tuple:

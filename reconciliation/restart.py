@@ -263,20 +263,24 @@ def _journal_open_elsewhere(data_dir: str) -> bool:
     """Whether a process has the journal open for writing, an idle worker
     too: each holds a read lock on one byte of the database far past SQLite's
     own (``storage.wal_keeper.REGISTRY_OFFSET``).  False where the platform
-    has no open-file-description locks (nothing to tell by)."""
+    has no open-file-description locks (nothing to tell by) or there is no
+    database; True when the question cannot be answered (a restart must
+    never move a journal a worker may still be using)."""
     if fcntl is None or not hasattr(fcntl, "F_OFD_GETLK"):
         return False
     try:
         descriptor = os.open(os.path.join(data_dir, DATABASE_NAME),
                              os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK)
-    except OSError:
+    except FileNotFoundError:
         return False  # no database: nobody has it open
+    except OSError:
+        return True  # cannot tell: refuse rather than move a journal in use
     try:
         found = fcntl.fcntl(descriptor, fcntl.F_OFD_GETLK, struct.pack(
             _FLOCK, fcntl.F_WRLCK, os.SEEK_SET, REGISTRY_OFFSET, 1, 0))
         return struct.unpack(_FLOCK, found)[0] != fcntl.F_UNLCK
     except OSError:
-        return False
+        return True
     finally:
         os.close(descriptor)
 

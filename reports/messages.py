@@ -18,7 +18,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 from ..storage.chain import Operation
 from ..storage.errors import JournalError
-from ..storage.owner import probe_owner
+from ..storage.owner import OWNER_RUNNING, probe_owner
 
 
 BLOCKED_ERROR = "crash_recovery_blocked"
@@ -71,6 +71,17 @@ def next_step(code: str, found: Optional[str] = None,
     return RESTART_STEP if code in INTEGRITY_VERDICTS else None
 
 
+def operation_waits_for_a_person(view: dict) -> bool:
+    """An open operation that is not a call running right now."""
+    return not (view.get("state") == "pending" and view.get("owner") == OWNER_RUNNING)
+
+
+def first_waiting(views: Sequence[dict]) -> Optional[dict]:
+    """The first :func:`operation_view` that waits for a person (the one a
+    ``resolve`` can settle now), or None."""
+    return next((view for view in views if operation_waits_for_a_person(view)), None)
+
+
 def status_next_step(result: dict) -> Optional[tuple]:
     """The words of the next operator command for a ``status`` document: the
     verdict's (:func:`next_step`), a resolution while an outcome is unknown,
@@ -78,8 +89,9 @@ def status_next_step(result: dict) -> Optional[tuple]:
     if not result.get("ok"):
         error = result.get("error") or {}
         return next_step(error.get("code") or result.get("integrity") or "", error.get("found"))
-    if result.get("gate") == "closed" and result.get("unresolved"):
-        return ("resolve", result["unresolved"][0]["operation_id"], "--outcome",
+    waiting = first_waiting(result.get("unresolved") or [])
+    if result.get("gate") == "closed" and waiting is not None:
+        return ("resolve", waiting["operation_id"], "--outcome",
                 "<completed|not_applied>", "--evidence", "<what you checked>")
     if result.get("attention"):
         return ("acknowledge", result["attention"][0]["operation_id"], "--evidence",

@@ -9,7 +9,7 @@ import unicodedata
 from typing import Any, Iterator, Optional, Sequence
 
 from ..storage.owner import OWNER_RUNNING
-from .messages import command_line, describe_age, iso_utc, standalone_prefix
+from .messages import command_line, describe_age, first_waiting, iso_utc, standalone_prefix
 from .status import GATE_BUSY
 
 
@@ -112,7 +112,8 @@ def _status_text(result: dict, header: str, prefix: Sequence[str]) -> str:
                   _table(rows, ("operation_id", "tool", "state", "started_at", "age", "owner",
                                 "session_id", "tool_call_id"))]
     elif rows:
-        first = rows[0]["operation_id"]
+        # The one a resolve can settle now (not a call still running).
+        first = (first_waiting(rows) or rows[0])["operation_id"]
         lines += [
             f"{len(rows)} unresolved operation(s) block every protected call in this profile:",
             _table(rows, ("operation_id", "tool", "state", "reason", "started_at", "age",

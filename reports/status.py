@@ -9,10 +9,11 @@ from typing import Any, Callable, Optional, Sequence
 
 from ..storage.database import DEFAULT_BUSY_TIMEOUT_SECONDS
 from ..storage.errors import JournalError, JournalUnavailable
-from ..storage.owner import OWNER_RUNNING, probe_lock, resolved_holders
+from ..storage.owner import probe_lock, resolved_holders
+from ..storage.platform_support import platform_problem
 from ..storage.record import is_uuid
 from ..storage.writer_lock import stuck_writer
-from .messages import operation_view
+from .messages import operation_view, operation_waits_for_a_person
 
 # Gate states (docs/cli.md §status).
 GATE_OPEN, GATE_BUSY, GATE_CLOSED = "open", "busy", "closed"
@@ -31,11 +32,6 @@ def gate_of(ok: bool, unresolved: list, in_flight: Optional[dict]) -> str:
     if not ok or any(operation_waits_for_a_person(view) for view in unresolved):
         return GATE_CLOSED
     return GATE_BUSY if unresolved or in_flight else GATE_OPEN
-
-
-def operation_waits_for_a_person(view: dict) -> bool:
-    """An open operation that is not a call running right now."""
-    return not (view.get("state") == "pending" and view.get("owner") == OWNER_RUNNING)
 
 
 def settled_views(operations: Sequence[Any], read_open: Callable[[], Sequence[Any]],
@@ -150,6 +146,18 @@ def absent_journal_status(data_dir: str) -> dict:
     return {"ok": True, "integrity": "ok", "data_dir": data_dir, "journal": "absent",
             "gate": GATE_OPEN, "checkpoint": None, "unresolved": [], "attention": [],
             "in_flight": None}
+
+
+def note_platform_problem(result: dict, data_dir: str) -> dict:
+    """Add ``platform_problem`` to a ``status`` document and close its gate
+    where this platform cannot give the journal's guarantees: the guard then
+    refuses every protected call (docs/guard.md §Platforms), and every
+    surface says so.  Returns ``result``."""
+    problem = platform_problem(data_dir)
+    if problem is not None:
+        result["platform_problem"] = problem
+        result["gate"] = GATE_CLOSED
+    return result
 
 
 def prometheus_text(result: dict, *, now_ns: Optional[int] = None) -> str:

@@ -23,7 +23,7 @@ import secrets
 import stat
 import sqlite3
 import urllib.parse
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 from .chain import Chain, PossibleReuse, extend_chain
 from .durable import (fsync_directory, fsync_file, make_durable_directories, read_regular_file,
@@ -31,9 +31,9 @@ from .durable import (fsync_directory, fsync_file, make_durable_directories, rea
 from .errors import AdmissionRefused, IntegrityError, JournalError
 from .record import (INTENT_NAME, SCHEMA, canonical_text, checkpoint_shape_problem, decode_payload,
                      genesis_hash, is_uuid)
-from .schema import (SQL_INSERT_EVENT, SQL_SELECT_ALL_EVENTS, SQL_SELECT_HASH_AT,
-                     SQL_SELECT_LAST_EVENT, SQL_SELECT_METADATA, SQL_SELECT_OPERATION_EVENTS,
-                     SQL_SELECT_PAYLOAD_AT, SQL_SELECT_ROWS_AFTER, schema_problem)
+from .schema import (SQL_INSERT_EVENT, SQL_SELECT_HASH_AT, SQL_SELECT_LAST_EVENT,
+                     SQL_SELECT_METADATA, SQL_SELECT_PAYLOAD_AT, SQL_SELECT_ROWS_AFTER,
+                     schema_problem)
 
 ARCHIVE_DIRECTORY = "archive"
 ARCHIVE_SUFFIX = ".sqlite3"
@@ -296,22 +296,6 @@ def hash_at(data_dir: str, anchor: dict, seq: int) -> Optional[str]:
     with contextlib.closing(_open(archive_path(data_dir, anchor))) as connection:
         row = connection.execute(SQL_SELECT_HASH_AT, (seq,)).fetchone()
     return row[0] if row else None
-
-
-def events(data_dir: str, anchor: dict, operation_id: Optional[str] = None) -> Iterator[tuple]:
-    """``(seq, payload dict)`` of an archive, those of ``operation_id`` only
-    when given; streamed.  Verify the archive first (:func:`verify_archive`)."""
-    connection = _open(archive_path(data_dir, anchor))
-    try:
-        if operation_id is None:
-            rows = connection.execute(SQL_SELECT_ALL_EVENTS)
-        else:
-            rows = connection.execute(SQL_SELECT_OPERATION_EVENTS,
-                                      (0, anchor["count"], f'"operation_id":"{operation_id}"'))
-        for seq, payload_text in rows:
-            yield seq, decode_payload(payload_text)
-    finally:
-        connection.close()
 
 
 # ---------------------------------------------------------------- sealing --

@@ -64,7 +64,6 @@ SQL_EMPTY_EVENTS = "DELETE FROM events"
 SQL_EMPTY_METADATA = "DELETE FROM metadata"
 SQL_VACUUM = "VACUUM"
 SQL_CHECKPOINT_PASSIVE = "PRAGMA wal_checkpoint(PASSIVE)"
-SQL_SELECT_ALL_EVENTS = "SELECT seq, payload FROM events ORDER BY seq"
 
 
 def _normalized(sql: Optional[str]) -> Optional[str]:

@@ -61,6 +61,14 @@ class Hints(JournalTestCase):
         self.assertNotIn("stop the workers", ERROR_HINTS["read_access_only"])
         self.assertIn("`next`", ERROR_HINTS["checkpoint_ahead"])
 
+    def test_the_next_resolve_names_an_operation_a_person_can_settle(self):
+        from crash_recovery.reports.messages import status_next_step
+        running = {"operation_id": "a" * 8, "state": "pending", "owner": "running"}
+        waiting = {"operation_id": "b" * 8, "state": "uncertain", "owner": "gone"}
+        document = {"ok": True, "gate": "closed", "unresolved": [running, waiting]}
+        self.assertEqual(status_next_step(document)[:2], ("resolve", "b" * 8))
+        self.assertIsNone(status_next_step({"ok": True, "gate": "busy", "unresolved": [running]}))
+
     def test_verdicts_whose_way_forward_is_a_new_journal_say_so(self):
         for code in ("journal_rolled_back", "wal_missing"):
             self.assertIn("`next` command (restart-journal)", ERROR_HINTS[code], code)

@@ -139,8 +139,13 @@ class UnsupportedPlatformTests(unittest.TestCase):
         guard.close()
         completed = self.operator_status("--check")
         document = json.loads(completed.stdout)
-        self.assertEqual((completed.returncode, document["ok"], document["gate"]), (3, True, "open"))
+        self.assertEqual((completed.returncode, document["ok"], document["gate"]),
+                         (3, True, "closed"))
         self.assertIn("no fcntl module", document["platform_problem"])
+        gauges = self.operator_status("--format", "prometheus").stdout
+        self.assertIn("crash_recovery_gate_closed{", gauges)
+        self.assertRegex(gauges, r"crash_recovery_gate_closed\{[^}]*\} 1")
+        self.assertRegex(gauges, r"crash_recovery_gate_open\{[^}]*\} 0")
 
     def test_local_file_systems_are_supported(self):
         from crash_recovery.storage.platform_support import mounted_file_system, platform_problem
