@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 import uuid
 from typing import Any, Callable, Optional
@@ -50,7 +51,7 @@ from .reports.messages import RECORD_FAILED_ERROR, bounded, command_line, in_fli
 from .storage.calls import CallLease
 from .storage.durable import reach_boundary
 from .storage.errors import AdmissionRefused, EncodingError, JournalError
-from .storage.owner import probe_lock, resolved_holders
+from .storage.owner import OwnerLock, probe_lock, resolved_holders
 from .storage.record import fingerprint, value_hash
 
 logger = logging.getLogger(__name__)
@@ -226,20 +227,12 @@ class RecoveryGuard(Gate):
 
     def _run_protected(self, identity: tuple, call_fingerprint: str, next_call: Callable) -> Any:
         tool_name = identity[0]
-        if not self._in_flight.acquire(blocking=False):
+        in_flight = self._enter()
+        if in_flight is None:
             # No admission is visible here (a nested entry was answered in
             # tool_execution), so this is a sibling call of another context: wait.
             current = self._current
             running = [current.view()] if current is not None else []
-            if current is not None and self._resolved_while_running(current.operation_id):
-                # Other processes run again (its lock was moved aside); this one
-                # stays busy until that call ends or the worker is restarted.
-                return self._blocked(Refusal("operation_in_flight", (
-                    f"This worker is still inside operation {current.operation_id}, which an "
-                    f"operator resolved while it hung, so {tool_name} was refused and not run. "
-                    "Tell the user that this worker must be restarted (other workers of the "
-                    "profile can run protected calls); status lists it under resolved_running: "
-                    f"{command_line(self._prefix() or (), 'status')}"), running))
             return self._blocked(Refusal(
                 "operation_in_flight",
                 in_flight_explanation(tool_name, running, nested=False), running))
@@ -263,11 +256,41 @@ class RecoveryGuard(Gate):
             token = ADMISSION.set(admission)
             return self._call_downstream(journal, admission, tool_name, next_call)
         finally:
-            self._end_call(admission, token)
+            self._end_call(admission, token, in_flight)
 
-    def _end_call(self, admission: Optional[Admission], token: Any) -> None:
+    def _enter(self) -> Optional[Any]:
+        """This process's slot for one protected call: the acquired in-flight
+        lock, or None while another call of this process runs.  A call an
+        operator resolved while it hung (``resolve --force``) gives its slot
+        up here: it keeps its own owner lock and call lease until it ends (its
+        late outcome still counts), and the next call gets fresh ones, so a
+        resolved operation never keeps this worker busy either (docs/cli.md
+        §Owner)."""
+        with self._slot_lock:
+            if self._in_flight.acquire(blocking=False):
+                return self._in_flight
+            current = self._current
+        if current is None or not self._resolved_while_running(current.operation_id):
+            return None
+        with self._slot_lock:
+            if self._current is not current:  # it ended, or another sibling took over
+                return self._in_flight if self._in_flight.acquire(blocking=False) else None
+            current.detached_locks = (self._owner, self._calls)
+            if self._owner is not None:
+                self._owner = OwnerLock(self._owner.data_dir)
+            self._calls, self._current = None, None
+            self._in_flight = threading.Lock()
+            self._in_flight.acquire()
+            logger.warning("crash-recovery: operation %s (%s) was resolved by an operator while "
+                           "it still runs in this worker; other protected calls of this worker "
+                           "run again, and its late outcome will be recorded when it returns",
+                           current.operation_id, bounded(current.identity[0]))
+            return self._in_flight
+
+    def _end_call(self, admission: Optional[Admission], token: Any, in_flight: Any) -> None:
         """Unbind and release, each step in its own ``finally``: an interrupt
-        arriving meanwhile never leaves a lock held."""
+        arriving meanwhile never leaves a lock held.  A call whose slot was
+        given up (:meth:`_enter`) releases only its own locks."""
         try:
             try:
                 if admission is not None:
@@ -277,15 +300,22 @@ class RecoveryGuard(Gate):
                     ADMISSION.reset(token)
         finally:
             try:
-                self._current = None
+                with self._slot_lock:
+                    detached = admission is not None and admission.detached_locks is not None
+                    if detached:
+                        owner, calls = admission.detached_locks
+                    else:
+                        owner, calls, self._current = self._owner, self._calls, None
                 try:
-                    if self._calls is not None:
-                        self._calls.release()
+                    if calls is not None:
+                        calls.release()
+                        if detached:
+                            calls.close()
                 finally:
-                    if self._owner is not None:
-                        self._owner.release()
+                    if owner is not None:
+                        owner.release()
             finally:
-                self._in_flight.release()
+                in_flight.release()
 
     def _call_lease(self, journal: Journal) -> CallLease:
         """This guard's :class:`calls.CallLease` on the journal's database."""

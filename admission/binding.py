@@ -31,6 +31,9 @@ class Admission:
     ``host_refusal``: ``(error_type, result)`` when the host reported, through
     its ``post_tool_call`` hook with ``status="blocked"``, that it refused this
     call before its handler (docs/guard.md §Inside Hermes).
+    ``detached_locks``: ``(owner lock, call lease)`` this call keeps for
+    itself after an operator resolved it while it ran and another call of the
+    process took the slot (``guard.RecoveryGuard._enter``).
     """
     operation_id: str
     identity: tuple
@@ -38,6 +41,7 @@ class Admission:
     active: bool = True
     inner_refusal: Optional[str] = None
     host_refusal: Optional[tuple] = None
+    detached_locks: Optional[tuple] = None
 
     def view(self) -> dict:
         """The running operation as a refusal shows it."""

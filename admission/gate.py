@@ -102,6 +102,9 @@ class Gate:
         # One protected call at a time in this process; the owner lock and the
         # journal's pending state extend that to the whole profile.
         self._in_flight = threading.Lock()
+        # Guards the swap of the slot above when a resolved call gives it up
+        # (guard.RecoveryGuard._enter); held for microseconds.
+        self._slot_lock = threading.Lock()
 
     def _after_fork_in_child(self) -> None:
         """A child forked during a call is not that call: its copy of the

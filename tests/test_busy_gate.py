@@ -134,41 +134,70 @@ class ResolvedCallNeverKeepsTheProfileBusy(OperatorTestCase):
         self.finish(child, operation_id)
         self.assertVerifies()
 
-    def test_the_hung_worker_itself_says_it_must_be_restarted(self):
-        guard = self.guard()
+    def hang_in_thread(self, guard, tool_call_id):
+        """A protected ``send_payment`` on its own thread of this process that
+        waits until the returned event is set; ``(event, thread, results)``."""
         entered, release, results = threading.Event(), threading.Event(), []
 
         def hanging():
             entered.set()
             release.wait(CHILD_TIMEOUT_SECONDS)
-            return {"status": "paid"}
+            return {"status": "paid", "call": tool_call_id}
 
         worker = threading.Thread(target=lambda: results.append(guard.tool_execution(
-            tool_name="send_payment", args={}, next_call=hanging, session_id="s",
-            tool_call_id="hung")))
+            tool_name="send_payment", args={"call": tool_call_id}, next_call=hanging,
+            session_id="s", tool_call_id=tool_call_id)))
         worker.start()
         self.addCleanup(worker.join, CHILD_TIMEOUT_SECONDS)
         self.addCleanup(release.set)
         self.assertTrue(entered.wait(CHILD_TIMEOUT_SECONDS))
+        return release, worker, results
+
+    def test_the_hung_worker_runs_its_other_calls_after_the_resolution(self):
+        guard = self.guard()
+        release_hung, hung_thread, hung_results = self.hang_in_thread(guard, "hung")
         [operation] = self.cli("status")["unresolved"]
-        self.cli("resolve", operation["operation_id"], "--outcome", "completed", "--force",
+        hung_id = operation["operation_id"]
+        before = json.loads(guard.tool_execution(tool_name="book_trip", args={},
+                                                 next_call=dict, session_id="s2",
+                                                 tool_call_id="before"))
+        self.assertEqual(before["code"], "operation_in_flight")
+        self.cli("resolve", hung_id, "--outcome", "completed", "--force",
                  "--evidence", "thread hung on a dead socket; payment P-9 in the bank portal")
 
-        sibling = json.loads(guard.tool_execution(tool_name="book_trip", args={},
-                                                  next_call=dict, session_id="s2",
-                                                  tool_call_id="sibling"))
-        self.assertEqual(sibling["code"], "operation_in_flight")
-        self.assertIn("must be restarted", sibling["explanation"])
-        self.assertEqual(self.one_call()["ran"], 1)  # other processes run again
+        # The same worker's other calls run again, each exactly once.
+        ran = []
+        for number in (1, 2):
+            result = guard.tool_execution(tool_name="book_trip", args={"n": number},
+                                          next_call=lambda: ran.append(1) or {"pnr": "P2"},
+                                          session_id="s2", tool_call_id=f"sibling-{number}")
+            self.assertEqual(result, {"pnr": "P2"})
+        self.assertEqual(len(ran), 2)
+        self.assertEqual(self.one_call()["ran"], 1)  # and other processes' calls
         status = self.cli("status", "--check")
+        self.assertEqual((status["gate"], status["unresolved"]), ("open", []))
         self.assertEqual([(entry["operation_id"], entry["pid"])
-                          for entry in status["resolved_running"]],
-                         [(operation["operation_id"], os.getpid())])
-        release.set()
-        worker.join(CHILD_TIMEOUT_SECONDS)
-        self.assertEqual(results, [{"status": "paid"}])
-        self.assertEqual([late["operation_id"] for late in
-                          self.cli("status", "--check", expect=3)["attention"]],
-                         [operation["operation_id"]])
+                          for entry in status["resolved_running"]], [(hung_id, os.getpid())])
+        self.assertEqual(self.cli("archive", expect=1)["error"]["code"], "owner_running")
+
+        # A sibling is running when the hung call returns: the hung call lets go
+        # of its own locks only, so the sibling still keeps the profile busy.
+        release_sibling, sibling_thread, sibling_results = self.hang_in_thread(guard, "late")
+        release_hung.set()
+        hung_thread.join(CHILD_TIMEOUT_SECONDS)
+        self.assertEqual(hung_results, [{"status": "paid", "call": "hung"}])
+        refused = self.one_call()
+        self.assertEqual((refused["ran"], json.loads(refused["result"])["code"]),
+                         (0, "operation_in_flight"))
+        status = self.cli("status", "--check", expect=3)  # busy, and a late outcome to read
+        [running] = status["unresolved"]
+        self.assertEqual((status["gate"], running["owner"], status["resolved_running"]),
+                         ("busy", "running", []))
+        self.assertEqual([late["operation_id"] for late in status["attention"]], [hung_id])
+        release_sibling.set()
+        sibling_thread.join(CHILD_TIMEOUT_SECONDS)
+        self.assertEqual(sibling_results, [{"status": "paid", "call": "late"}])
+        self.assertEqual(self.one_call()["ran"], 1)
+        self.assertEqual(self.retired_files(), [])
         guard.close()
         self.assertVerifies()
