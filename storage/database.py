@@ -426,15 +426,23 @@ class Database:
         except OSError:
             self._files_seen = None
 
-    def files_touched(self) -> bool:
+    def remember_sample(self, sample: Optional[tuple]) -> None:
+        """Record ``sample`` (a :meth:`files_now` taken before this
+        connection's last read) as the files it left: older than the read, so
+        a commit in between only makes the next look verify more."""
+        self._files_seen = sample
+
+    def files_touched(self, sample: Optional[tuple] = None) -> bool:
         """True when the database or WAL file changed since this connection's
         last transaction (a commit of another connection, a checkpoint, or a
         raw edit SQLite cannot see), or when this connection has no record yet.
+        ``sample``: a :meth:`files_now` just taken (else one is taken here).
         The page cache is then dropped, so a following full verification reads
         the files.  Raises ``storage_unavailable`` when the files cannot be
         examined."""
         try:
-            unchanged = self._files_seen is not None and self.files_now() == self._files_seen
+            now = self.files_now() if sample is None else sample
+            unchanged = self._files_seen is not None and now == self._files_seen
         except OSError as exc:
             raise storage_error(exc, "checking the journal's files") from None
         if unchanged:

@@ -54,12 +54,24 @@ ACQUIRE_PAUSE_SECONDS = 0.005
 RETIRED_PREFIX = OWNER_LOCK_NAME + "."
 
 
+# (pid, start time) of this process, read once: it cannot change, and the
+# tag of every protected call needs it (two /proc reads saved per call).
+_OWN_START: Optional[tuple] = None
+
+
 def process_start_time(pid: Optional[int] = None) -> Optional[float]:
     """Start time of a process in seconds since the epoch (Linux), else None.
 
     Together with the pid it names one process: pids are reused, start times are not.
     """
-    pid = os.getpid() if pid is None else pid
+    global _OWN_START
+    if pid is None:
+        own = _OWN_START
+        if own is not None and own[0] == os.getpid():  # a forked child reads its own
+            return own[1]
+        started = process_start_time(os.getpid())
+        _OWN_START = (os.getpid(), started)
+        return started
     try:
         with open(f"/proc/{pid}/stat", "rb") as stream:
             fields = stream.read().rsplit(b")", 1)[1].split()

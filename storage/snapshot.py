@@ -88,13 +88,18 @@ class VerifiedSnapshots:
             self.database.check_wal()
         if not self.readonly and archive.read_intent(self.data_dir) is not None:
             self._recover_archive_switch()  # a writer finishes or undoes it first
-        touched = self.database.files_touched()
+        try:  # one look at the files before the read serves both checks below
+            sampled: Optional[tuple] = self.database.files_now()
+        except OSError:
+            sampled = None  # files_touched looks again and names the failure
+        touched = self.database.files_touched(sampled)
         files_before = self.database.files_now() if self.database.immutable else None
         self._settle_deadline: Optional[float] = None
         attempt = 0
         while True:
             attempt += 1
-            observed, self._read_version = self._observed_files(), None
+            observed = self._observed_files(sampled if attempt == 1 else None)
+            self._read_version = None
             try:
                 connection.execute("BEGIN")
                 schema_version = connection.execute("PRAGMA schema_version").fetchone()[0]
@@ -141,7 +146,10 @@ class VerifiedSnapshots:
                 return self._create(connection)  # new, or its creator died half-way
             self._chain, self._schema_version, self._data_version = chain, schema_version, data_version
             self._verified = (chain.journal_id, chain.count, chain.head)
-            self.database.remember_files()
+            if observed:
+                self.database.remember_sample(observed[0])
+            else:
+                self.database.remember_files()
             full = touched = False
             if not check_files:
                 return chain
@@ -157,11 +165,13 @@ class VerifiedSnapshots:
                     return chain
             time.sleep(READ_RETRY_PAUSE_SECONDS)
 
-    def _observed_files(self) -> tuple:
-        """What a writer changes: the database and WAL, head.json, the marker
-        and the archive intent (see :meth:`_unless_written_meanwhile`)."""
+    def _observed_files(self, database_files: Optional[tuple] = None) -> tuple:
+        """What a writer changes: the database and WAL (``database_files``:
+        a :meth:`files_now` just taken), head.json, the marker and the archive
+        intent (see :meth:`_unless_written_meanwhile`)."""
         try:
-            return (self.database.files_now(), file_state(self.files.checkpoint_path),
+            return (self.database.files_now() if database_files is None else database_files,
+                    file_state(self.files.checkpoint_path),
                     file_state(self.files.marker_path),
                     file_state(os.path.join(self.data_dir, INTENT_NAME)))
         except OSError:
