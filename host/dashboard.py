@@ -18,7 +18,6 @@ apart by the journal's own locks).
 from __future__ import annotations
 
 import argparse
-import os
 import threading
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -86,11 +85,7 @@ def profile_view() -> dict:
     except Exception:  # outside Hermes: the page still works, unnamed
         pass
     if home is not None:
-        if home.parent.name == "profiles":
-            name = home.name
-        else:
-            default = Path(os.path.expanduser("~")) / ".hermes"
-            name = "default" if os.path.realpath(home) == os.path.realpath(default) else "custom"
+        name = hermes.profile_of_home(home)
     return {"name": name, "home": None if home is None else str(home),
             "command": " ".join(command_words(name))}
 

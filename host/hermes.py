@@ -112,9 +112,18 @@ def profile_name() -> Optional[str]:
     if isinstance(name, str) and name:
         return name
     home = os.environ.get("HERMES_HOME")
-    if home and Path(home).parent.name == "profiles":
-        return Path(home).name
-    return None
+    return profile_of_home(home) if home else None
+
+
+def profile_of_home(home: Any) -> str:
+    """The profile a Hermes home directory is: NAME for ``.../profiles/NAME``,
+    ``default`` for ``~/.hermes``, else ``custom`` (its commands then need that
+    ``HERMES_HOME``)."""
+    home = Path(home)
+    if home.parent.name == "profiles":
+        return home.name
+    default = Path(os.path.expanduser("~")) / ".hermes"
+    return "default" if os.path.realpath(home) == os.path.realpath(default) else "custom"
 
 
 def command_prefix() -> tuple:
