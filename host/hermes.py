@@ -165,11 +165,15 @@ def summary_text(status: dict, prefix: tuple) -> str:
     """The ``/crash-recovery`` text: the gate, each open operation (tool, age,
     owner, the exact command that settles it), late outcomes, the settings."""
     lines = []
-    if not status.get("ok"):
+    worker_problem = status.get("poisoned") or status.get("isolation_problem")
+    if worker_problem and not (status.get("error") or {}).get("code"):
+        # This worker refuses, not the journal: its own sentence says what to do.
+        lines.append(f"crash-recovery: gate CLOSED in this worker -- {bounded(worker_problem)}")
+        lines.append(f"The profile's journal: {command_line(prefix, 'status')}")
+    elif not status.get("ok"):
         error = status.get("error") or {}
         # A chat gets the sentence for the code; the detail names files and paths.
-        why = (chat_error(error)["message"] if error.get("code")
-               else bounded(status.get("poisoned") or status.get("isolation_problem")))
+        why = chat_error(error)["message"] if error.get("code") else "unknown"
         lines.append(f"crash-recovery: gate CLOSED -- the journal cannot be used "
                      f"({status.get('integrity')}: {why})")
         lines.append(f"Inspect: {command_line(prefix, 'verify')}")
