@@ -50,6 +50,22 @@ class ResolvedThenReturned(JournalTestCase):
         self.assertRegex(text, r"send_payment\s+not_applied\s+returned")
         self.assertIn("resolved as not_applied", self.status_text)
 
+    def test_gauges_count_the_late_outcome_until_it_is_acknowledged(self):
+        def gauges():
+            code, _, text = run_cli(self.data_dir, "--format", "prometheus", "status")
+            return code, {line.split("{")[0]: line.rsplit(" ", 1)[1] for line in text.splitlines()
+                          if line.startswith("crash_recovery_")}
+        code, values = gauges()
+        # started, resolved (forced), late outcome: three events
+        self.assertEqual((code, values["crash_recovery_late_outcomes_unacknowledged"],
+                          values["crash_recovery_events"], values["crash_recovery_gate_open"],
+                          values["crash_recovery_unresolved_operations"]), (0, "1", "3", "1", "0"))
+        self.assertEqual(run_cli(self.data_dir, "acknowledge", self.operation_id, "--evidence",
+                                 "refunded the second payment")[0], 0)
+        code, values = gauges()
+        self.assertEqual((code, values["crash_recovery_late_outcomes_unacknowledged"],
+                          values["crash_recovery_events"]), (0, "0", "4"))
+
     def test_after_acknowledgement_show_keeps_both(self):
         code, _, _ = run_cli(self.data_dir, "acknowledge", self.operation_id, "--evidence",
                              "refunded the second payment")
