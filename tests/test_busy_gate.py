@@ -178,6 +178,9 @@ class ResolvedCallNeverKeepsTheProfileBusy(OperatorTestCase):
         self.assertEqual((status["gate"], status["unresolved"]), ("open", []))
         self.assertEqual([(entry["operation_id"], entry["pid"])
                           for entry in status["resolved_running"]], [(hung_id, os.getpid())])
+        told = json.loads(guard.status_tool({}))  # what the model may relay to the chat
+        self.assertEqual((told["gate"], told["call_running"], told["resolved_calls_running"],
+                          told["unresolved"]), ("open", False, 1, []))
         self.assertEqual(self.cli("archive", expect=1)["error"]["code"], "owner_running")
 
         # A sibling is running when the hung call returns: the hung call lets go
