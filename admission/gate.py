@@ -32,7 +32,7 @@ from ..storage.platform_support import platform_problem
 from ..storage.record import DATABASE_NAME
 from .binding import Admission, live_admission, same_call
 from .settings import (KNOWN_KEYS, MODE_PROTECTED_TOOLS, Settings, parse_settings,
-                       tool_names_view)
+                       tool_names_view, with_attention)
 
 # The guard's logger ("crash_recovery.guard", "hermes_plugins.crash_recovery.guard" inside
 # Hermes): every WARNING an operator alerts on comes from one name.
@@ -363,9 +363,10 @@ class Gate:
         except JournalError as exc:
             return {"ok": False, "integrity": exc.code, "gate": GATE_CLOSED,
                     "error": exc.to_json(), "unresolved": [],
-                    "settings": {**settings.to_json(), **self.tool_names_view()}}
+                    "settings": with_attention({**settings.to_json(),
+                                                **self.tool_names_view()})}
         result = status_report(journal, journal.data_dir)
-        result["settings"] = {**settings.to_json(), **self.tool_names_view()}
+        result["settings"] = with_attention({**settings.to_json(), **self.tool_names_view()})
         if self.poisoned:
             result.update(ok=False, gate=GATE_CLOSED, poisoned=self.poisoned)
         if self.isolation_problem:

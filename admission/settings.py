@@ -144,7 +144,14 @@ def settings_view(settings: Any, registered: Optional[Callable[[], Any]] = None)
     except Exception as exc:  # the same fail-closed reading as the guard's
         raw = f"<unreadable: {type(exc).__name__}: {exc}>"
     parsed = parse_settings(raw)
-    return {**parsed.to_json(), **tool_names_view(parsed, registered, partial=True)}
+    return with_attention({**parsed.to_json(), **tool_names_view(parsed, registered,
+                                                                 partial=True)})
+
+
+def with_attention(view: dict) -> dict:
+    """``view`` with ``needs_attention`` (:func:`needs_attention`): what
+    ``status --check`` and the ``settings_attention`` gauge both read."""
+    return {**view, "needs_attention": needs_attention(view)}
 
 
 def tool_names_view(settings: Settings, registered: Optional[Callable[[], Any]], *,

@@ -189,8 +189,12 @@ def prometheus_text(result: dict, *, now_ns: Optional[int] = None) -> str:
             ("settings_problem", "1 if the plugin's settings could not be read exactly (every "
              "tool is then protected), 0 if not.", 1 if shown.get("problem") else 0),
             ("unmatched_tools", "Listed tool names that match no tool the host registered "
-             "(-1: the host's tool list is unknown).", -1 if shown.get("unmatched_tools") is None
+             "(-1: the host's tool list is unknown); in protected_tools mode each protects "
+             "nothing.", -1 if shown.get("unmatched_tools") is None
              else len(shown["unmatched_tools"])),
+            ("settings_attention", "1 if the settings need a person (a problem, or a protected "
+             "tool name matching no tool), as status --check says; 0 if not.",
+             1 if shown.get("needs_attention") else 0),
         )
     lines = []
     for name, help_text, value in gauges:

@@ -72,6 +72,18 @@ class NamesMatchingNoRegisteredTool(JournalTestCase):
         code, gauges = self.run_status(raw, "--format", "prometheus")
         self.assertIn('crash_recovery_unmatched_tools{data_dir="%s"} 1' % self.data_dir, gauges)
         self.assertIn('crash_recovery_settings_problem{data_dir="%s"} 0' % self.data_dir, gauges)
+        self.assertIn('crash_recovery_settings_attention{data_dir="%s"} 1' % self.data_dir, gauges)
+
+    def test_an_unmatched_read_only_name_is_counted_but_needs_nobody(self):
+        # A read-only name that matches nothing leaves every other tool protected.
+        raw = {"read_only_tools": ["web_serch"]}
+        code, stdout = self.run_status(raw, "--check")
+        shown = json.loads(stdout)["settings"]
+        self.assertEqual((code, shown["unmatched_tools"], shown["needs_attention"]),
+                         (0, ["web_serch"], False))
+        code, gauges = self.run_status(raw, "--format", "prometheus")
+        self.assertIn('crash_recovery_unmatched_tools{data_dir="%s"} 1' % self.data_dir, gauges)
+        self.assertIn('crash_recovery_settings_attention{data_dir="%s"} 0' % self.data_dir, gauges)
 
     def test_unknown_tool_list_is_said_and_never_counted(self):
         code, stdout = self.run_status({"protected_tools": ["send_paymnet"]},
@@ -88,6 +100,7 @@ class NamesMatchingNoRegisteredTool(JournalTestCase):
         self.assertEqual(self.run_status(raw, "--check")[0], 3)
         code, gauges = self.run_status(raw, "--format", "prometheus")
         self.assertIn('crash_recovery_settings_problem{data_dir="%s"} 1' % self.data_dir, gauges)
+        self.assertIn('crash_recovery_settings_attention{data_dir="%s"} 1' % self.data_dir, gauges)
 
     def test_the_worker_logs_the_typo_at_its_first_call_and_its_status_shows_it(self):
         guard = RecoveryGuard(self.data_dir, settings={"protected_tools": ["send_paymnet"]},
