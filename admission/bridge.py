@@ -15,7 +15,10 @@ bridge name is one the host will not run as a single tool:
   its own call (``tools/connectors/dispatch.py``), where each is guarded;
 * a name the host cannot resolve (unknown, not deferrable, out of the session's
   scope, arguments that fail the tool's schema, several local tools in one call):
-  the host refuses it.
+  the host refuses it.  (0.22's agent splits a batch naming a local tool into
+  one ``tool_call`` per entry first, ``agent/tool_call_batches.py``; one that
+  still reaches us has more than ten entries or came from outside the agent
+  loop.  0.19 and 0.20 have no batches.)
 
 Protection is decided on the underlying tool names, never on a bridge name.
 Pure functions; no I/O.

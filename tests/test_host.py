@@ -187,6 +187,15 @@ class HostChecks(CheckerReport):
                            "install_git.validate_warns_about_no_hermes_module",
                            "install_git.install_scan_passed_without_force")
 
+    def test_validate_in_a_hermes_source_checkout_warns_about_nothing(self) -> None:
+        if not has_install_scan():
+            # 0.19 and 0.20 have no `hermes plugins validate` (a skip would fail CI).
+            self.assertNotIn("install_git.validate_in_a_source_checkout_passes_with_no_warning",
+                             self.outcomes)
+            return
+        self.assert_checks("install_git.validate_in_a_source_checkout_passes_with_no_warning",
+                           "install_git.source_checkout_lint_names_only_the_hermes_import")
+
     def git_install_published(self) -> bool:
         """False where the host could not publish the git install here: 0.22
         publishes through its package manager, which fetches its own runtime

@@ -4,8 +4,9 @@ journaled call through Hermes' own plugin manager.
 
 1. ``hermes plugins install file://<git repo>`` then ``plugins enable``
    (0.20+: ``hermes plugins doctor --ci`` passes; 0.22+: the host's install
-   security scan, without ``--force``, and ``hermes plugins validate`` with
-   no warning);
+   security scan, without ``--force``, and ``hermes plugins validate``: no
+   warning at all with Hermes laid out as its installer's source checkout,
+   none naming a Hermes module on a pip-installed Hermes);
 2. the checkout copied to ``$HERMES_HOME/plugins`` plus ``plugins.enabled``;
 3. ``pip install .`` (entry point and console script).
 
@@ -24,6 +25,7 @@ import sys
 from pathlib import Path
 
 import evidence
+import source_checkout
 from evidence import BOOKING_PLUGIN_DIR, PLUGIN_NAME, data_dir_of
 
 BOOKING = "booking-service"
@@ -63,6 +65,20 @@ def git_snapshot(directory: Path) -> Path:
 PRIVATE_IMPORT_WARNING = "private core imports"
 
 
+# A plugin that imports one private Hermes module and one third-party
+# package: the control that shows which of the two the lint counts as core.
+LINT_CONTROL_MANIFEST = ("name: lint-control\nversion: 0.0.1\n"
+                         "description: imports a private Hermes module and a third-party package\n")
+LINT_CONTROL_SOURCE = ("import fastapi\nfrom hermes_cli.profiles import get_active_profile_name\n\n\n"
+                       "def register(ctx):\n    return None\n")
+LINT_CONTROL_PRIVATE_IMPORT = "hermes_cli.profiles.get_active_profile_name"
+
+
+def modules_listed(warning: str) -> list:
+    """The modules a private-import warning lists, in order (``rel:line module.name``)."""
+    return re.findall(r"\S+\.py:\d+ ([A-Za-z_][\w.]*[A-Za-z0-9_])", warning)
+
+
 def hermes_modules_named(warning: str) -> list:
     """The modules a private-import warning lists (``rel:line module.name``)
     whose top-level package belongs to the Hermes distribution (the one that
@@ -72,7 +88,7 @@ def hermes_modules_named(warning: str) -> list:
     import importlib.metadata
     providers = importlib.metadata.packages_distributions()
     hermes = set(providers.get("hermes_cli", ()))
-    modules = re.findall(r"\S+\.py:\d+ ([A-Za-z_][\w.]*[A-Za-z0-9_])", warning)
+    modules = modules_listed(warning)
     return [module for module in modules
             if set(providers.get(module.split(".")[0], ())) & hermes or not providers.get(
                 module.split(".")[0])]
@@ -92,8 +108,26 @@ class InstallSteps:
         back to ``_hermes_top_level``), so the dashboard routes' own
         ``fastapi``/``starlette`` imports -- the imports Hermes' bundled
         dashboard plugins make too -- are listed.  Any module of the Hermes
-        distribution in such a warning, or any other warning, fails."""
-        ran = self.hermes_cli(home, "plugins", "validate", "--json", str(snapshot))
+        distribution in such a warning, or any other warning, fails.
+        :meth:`validate_in_source_checkout` shows the same plugin with no
+        warning at all where Hermes is installed as its installer does."""
+        passed, found, warnings = self.run_validate(home, snapshot)
+        hermes_modules = [module for warning in warnings or []
+                          for module in hermes_modules_named(warning)]
+        self.add(label, "validate_passes_with_the_security_scan_safe", passed, **found)
+        self.add(label, "validate_warns_about_no_hermes_module",
+                 isinstance(warnings, list) and len(warnings) <= 1 and hermes_modules == []
+                 and all(warning.startswith(PRIVATE_IMPORT_WARNING) for warning in warnings),
+                 warnings=warnings, hermes_modules=hermes_modules)
+
+    def run_validate(self, home: Path, plugin: Path, **extra: str) -> tuple:
+        """Run ``hermes plugins validate --json PLUGIN`` (``extra``: environment).
+        Returns ``(passed, evidence, warnings)``: ``passed`` is exit 0,
+        ``ok: true``, no failed check and the security scan ``safe``;
+        ``evidence`` holds exit ``code``, ``failed`` checks, ``scan`` and the
+        ``output``'s tail; ``warnings`` is the report's list (None when the
+        output is not a JSON report)."""
+        ran = self.hermes_cli(home, "plugins", "validate", "--json", str(plugin), **extra)
         try:
             report = json.loads(ran.stdout)
         except ValueError:
@@ -101,17 +135,37 @@ class InstallSteps:
         failed = [check for check in report.get("checks") or [] if not check.get("ok")]
         scan = [check.get("detail") for check in report.get("checks") or []
                 if check.get("name") == "security scan"]
-        warnings = report.get("warnings")
-        hermes_modules = [module for warning in warnings or []
-                          for module in hermes_modules_named(warning)]
-        self.add(label, "validate_passes_with_the_security_scan_safe",
-                 ran.returncode == 0 and report.get("ok") is True and failed == []
-                 and scan == ["safe"], code=ran.returncode, failed=failed, scan=scan,
-                 output=(ran.stdout + ran.stderr)[-3000:])
-        self.add(label, "validate_warns_about_no_hermes_module",
-                 isinstance(warnings, list) and hermes_modules == []
-                 and all(warning.startswith(PRIVATE_IMPORT_WARNING) for warning in warnings),
-                 warnings=warnings, hermes_modules=hermes_modules)
+        passed = (ran.returncode == 0 and report.get("ok") is True and failed == []
+                  and scan == ["safe"])
+        return passed, {"code": ran.returncode, "failed": failed, "scan": scan,
+                        "output": (ran.stdout + ran.stderr)[-3000:]}, report.get("warnings")
+
+    def validate_in_source_checkout(self, label: str, home: Path, snapshot: Path) -> None:
+        """The same ``hermes plugins validate`` with Hermes laid out as the
+        source checkout its installer makes (tests/host/source_checkout.py,
+        first on ``PYTHONPATH``; site-packages untouched): exit 0, every check
+        passes and there is no warning at all.
+
+        Control, same layout: a plugin importing ``fastapi`` and one private
+        Hermes module gets exactly one warning, naming only the Hermes module
+        -- the lint is live there and counts Hermes' packages, and only
+        those, as core."""
+        checkout, _packages, _modules = source_checkout.lay_out_source_checkout(
+            home.parent / "hermes-source-checkout")
+        passed, found, warnings = self.run_validate(home, snapshot, PYTHONPATH=str(checkout))
+        self.add(label, "validate_in_a_source_checkout_passes_with_no_warning",
+                 passed and warnings == [], warnings=warnings, **found)
+        control = home.parent / "lint-control"
+        control.mkdir()
+        (control / "plugin.yaml").write_text(LINT_CONTROL_MANIFEST, encoding="utf-8")
+        (control / "__init__.py").write_text(LINT_CONTROL_SOURCE, encoding="utf-8")
+        _passed, control_found, control_warnings = self.run_validate(
+            home, control, PYTHONPATH=str(checkout))
+        listed = [modules_listed(warning) for warning in control_warnings or []]
+        self.add(label, "source_checkout_lint_names_only_the_hermes_import",
+                 control_found["code"] == 0 and listed == [[LINT_CONTROL_PRIVATE_IMPORT]]
+                 and control_warnings[0].startswith(PRIVATE_IMPORT_WARNING),
+                 warnings=control_warnings, **control_found)
 
     def publication_needs_network(self, label: str, home: Path) -> None:
         """The install passed the scan but could not be published offline: show
@@ -128,12 +182,14 @@ class InstallSteps:
                  ran.returncode != 0 and PUBLICATION_FAILED in output
                  and OFFLINE_RUNTIME_DOWNLOAD in output, output=output[-2000:])
 
-    def hermes_cli(self, home: Path, *words: str) -> subprocess.CompletedProcess:
+    def hermes_cli(self, home: Path, *words: str, **extra: str) -> subprocess.CompletedProcess:
         """The host's program (``hermes``/``hermesx``) with ``words``, in profile
-        ``home``, without network where the machine allows it."""
+        ``home`` (``extra``: more environment), without network where the
+        machine allows it."""
         return subprocess.run(self.isolation_prefix + [self.hermes, *words],
-                              env=self.child_environment(home), capture_output=True, text=True,
-                              timeout=90, stdin=subprocess.DEVNULL, cwd=str(home.parent))
+                              env=self.child_environment(home, **extra), capture_output=True,
+                              text=True, timeout=90, stdin=subprocess.DEVNULL,
+                              cwd=str(home.parent))
 
     def install_git(self) -> None:
         """Install path 1: hermes plugins install file://<git repo>, enable, list.
@@ -153,6 +209,7 @@ class InstallSteps:
                      code=ran.returncode, output=(ran.stdout + ran.stderr)[-3000:])
         if has_install_scan():
             self.validate(label, home, snapshot)
+            self.validate_in_source_checkout(label, home, snapshot)
         installed = self.hermes_cli(home, "plugins", "install", f"file://{snapshot}")
         output = installed.stdout + installed.stderr
         if has_install_scan():
