@@ -250,6 +250,10 @@ def unresolved_explanation(operations: list, prefix: Optional[Sequence[str]]) ->
             f"parts): {command}")
 
 
+# Tools whose call runs other agents' tool calls inside it (Hermes' subagents).
+DELEGATING_TOOLS = frozenset({"delegate_task"})
+
+
 def in_flight_explanation(tool_name: str, operations: list, *, nested: bool) -> str:
     """A refusal because a protected call is running right now: in another
     process or session (``nested`` False: wait), or the caller's own parent
@@ -258,9 +262,15 @@ def in_flight_explanation(tool_name: str, operations: list, *, nested: bool) -> 
         return (f"{tool_name} was called from inside another protected call that is still "
                 f"running ({_described(operations)}). Protected calls cannot be nested, so "
                 f"{tool_name} was refused and not run. Finish without it, or tell the user.")
-    return (f"Another protected call is running right now ({_described(operations)}), and only "
+    text = (f"Another protected call is running right now ({_described(operations)}), and only "
             f"one runs at a time in this profile, so {tool_name} was refused and not run. Wait "
             f"for that call to finish, then ask again; do not retry automatically in a loop.")
+    if any(operation.get("tool") in DELEGATING_TOOLS for operation in operations):
+        # A host that runs a subagent in a fresh context (Hermes 0.19) cannot
+        # show it as nested: the subagent must not wait for its own parent.
+        text += (" If you are a subagent started by that call, it cannot finish before you "
+                 "do: finish without this tool and report that it was refused.")
+    return text
 
 
 def integrity_explanation(error: JournalError, prefix: Optional[Sequence[str]]) -> str:

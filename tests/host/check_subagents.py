@@ -217,6 +217,10 @@ def scenario_inside_protected_call(home: Path, checks: CheckList) -> None:
                  refusal.get("code") == expected and len(delegation_ids) == 1
                  and delegation_ids[0] in refusal.get("explanation", ""),
                  expected=expected, refusal=refusal, delegation_ids=delegation_ids)
+    # Where the subagent cannot be seen as nested, it is told not to wait for its parent.
+    checks.check("subagent_told_not_to_wait_for_its_parent",
+                 ("If you are a subagent started by that call" in refusal.get("explanation", ""))
+                 == (expected == "operation_in_flight"), refusal=refusal)
     service = Path(os.environ["BOOKING_SERVICE_DB"])
     checks.check("only_the_parents_booking_ran",
                  handler_runs(service) == [("Bo", "Paris", PARENT_SESSION)]
