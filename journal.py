@@ -328,6 +328,7 @@ class Journal:
         with self._store.lock:
             self._refuse_archive(self._store.snapshot())
             archive.check_directory(self.data_dir)
+            archive.remove_stale_copies_of_earlier_layout(self.data_dir)  # rare: lists archive/
             temp = archive.new_copy_path(self.data_dir)
             intent_written, after = False, None
             try:

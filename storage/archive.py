@@ -22,6 +22,7 @@ import re
 import secrets
 import stat
 import sqlite3
+import time
 import urllib.parse
 from typing import Any, Optional
 
@@ -45,77 +46,112 @@ MAX_ARCHIVES = 100000
 # Opening the intent fails with these when something other than a regular file
 # lies at its name (durable.open_regular_file): not a switch of ours.
 _NOT_AN_INTENT_FILE = frozenset((errno.ELOOP, errno.EINVAL, errno.EISDIR))
-# An unfinished copy: archive/copy.<pid>-<8 hex>.tmp (and SQLite's -journal beside it).
+# Unfinished copies live in their own directory, archive/copies/copy.<pid>-<8 hex>.tmp
+# (and SQLite's -journal beside it), so finding a dead archiver's copy lists only
+# them, never the archives.  Before this layout they lay in archive/ itself.
+COPIES_DIRECTORY = "copies"
 _COPY_NAME = re.compile(r"copy\.(\d+)-[0-9a-f]{8}\.tmp")
 _COPY_SUFFIXES = ("", "-journal")
 _COPY_FILE = re.compile(_COPY_NAME.pattern + "(?:-journal)?")
+# A directory's timestamps move in clock ticks (a second or two on some
+# filesystems): one changed less than this ago may change again unseen.
+_UNSETTLED_NS = 2_000_000_000
+# Where an intent's "temp" may name a copy: today's and the earlier layout's.
+_COPY_DIRECTORIES = (f"{ARCHIVE_DIRECTORY}/{COPIES_DIRECTORY}", ARCHIVE_DIRECTORY)
+
+
+def copies_directory(data_dir: str) -> str:
+    """``<data_dir>/archive/copies``: where unfinished copies are made."""
+    return os.path.join(data_dir, ARCHIVE_DIRECTORY, COPIES_DIRECTORY)
 
 
 def new_copy_path(data_dir: str) -> str:
-    """A fresh path for this process's unfinished copy."""
-    return os.path.join(data_dir, ARCHIVE_DIRECTORY,
+    """A fresh path for this process's unfinished copy, in ``archive/copies/``."""
+    return os.path.join(copies_directory(data_dir),
                         f"copy.{os.getpid()}-{secrets.token_hex(4)}.tmp")
 
 
 def copy_path(data_dir: str, relative: Any) -> Optional[str]:
     """The unfinished copy an intent names, if ``relative`` has exactly the
-    form :func:`new_copy_path` gives (anything else is never touched)."""
+    form :func:`new_copy_path` gives (``archive/copies/copy.<pid>-<hex>.tmp``)
+    or the one of the earlier layout (``archive/copy.<pid>-<hex>.tmp``, an
+    intent left by an older version); anything else is never touched."""
     if not isinstance(relative, str):
         return None
     directory, name = os.path.split(relative)
-    if directory != ARCHIVE_DIRECTORY or not _COPY_NAME.fullmatch(name):
+    if directory not in _COPY_DIRECTORIES or not _COPY_NAME.fullmatch(name):
         return None
-    return os.path.join(data_dir, ARCHIVE_DIRECTORY, name)
+    return os.path.join(data_dir, *directory.split("/"), name)
 
 
 def remove_stale_copies(data_dir: str, seen: Optional[tuple] = None) -> tuple:
-    """Remove unfinished copies whose process is gone (a copy runs without the
-    writer lock, so a live one is left alone).  ``seen``: what the previous
-    call returned; returns ``(state of archive/, names of live copies left)``
-    to pass next time.  The directory is listed again only when it changed
-    since, or when a copy was left to a live process then (it may have died
-    since): a long-running writer pays one ``stat`` per write, whatever the
-    number of archives.  Never raises."""
-    directory = os.path.join(data_dir, ARCHIVE_DIRECTORY)
+    """Remove unfinished copies in ``archive/copies/`` whose process is gone
+    (a copy runs without the writer lock, so a live one is left alone).
+    ``seen``: what the previous call returned (None at first); returns
+    ``(state of archive/copies/, settled)`` to pass next time.  The
+    directory is listed again only when it changed since, when it changed
+    too recently for its timestamps to show the next change, or when a copy
+    was left to a live process then (it may have died since): a
+    long-running writer pays one ``lstat`` per write, and a listing costs
+    what the copies in progress (normally none) cost, whatever the number of
+    archives.  A ``copies`` that is not a real directory is never listed.
+    Never raises."""
+    directory = copies_directory(data_dir)
     try:  # taken before the listing: a copy created after it changes the state
-        found = os.stat(directory)
-        state: Optional[tuple] = (found.st_ino, found.st_mtime_ns, found.st_ctime_ns)
+        found = os.lstat(directory)
     except OSError:
-        state = None
-    if seen is not None and seen[0] == state and not seen[1]:
+        found = None
+    state = None if found is None else (found.st_ino, found.st_mtime_ns, found.st_ctime_ns,
+                                        stat.S_IFMT(found.st_mode))
+    if seen is not None and seen[0] == state and seen[1]:
         return seen
-    remove_files_of_dead_processes(directory, _COPY_FILE)
-    try:
-        left = tuple(name for name in os.listdir(directory) if _COPY_FILE.fullmatch(name))
-    except OSError:
-        left = ()
-    return state, left
+    left: list = []
+    if found is not None and stat.S_ISDIR(found.st_mode):
+        remove_files_of_dead_processes(directory, _COPY_FILE, kept=left)
+    # Settled: nothing left to a live process, and the last change old enough
+    # that another one would show in the timestamps.
+    settled = not left and (found is None or time.time_ns() - max(
+        found.st_mtime_ns, found.st_ctime_ns) >= _UNSETTLED_NS)
+    return state, settled
+
+
+def remove_stale_copies_of_earlier_layout(data_dir: str) -> None:
+    """Remove dead archivers' copies left in ``archive/`` itself by a version
+    that made them there.  Lists every archive: only the ``archive`` command
+    calls it (rare, and it copies the whole journal anyway), never a worker's
+    call.  Never raises."""
+    remove_files_of_dead_processes(os.path.join(data_dir, ARCHIVE_DIRECTORY), _COPY_FILE)
 
 
 def check_directory(data_dir: str) -> None:
-    """``archive/`` is absent or a real directory inside the data directory:
-    sealed history is never written through a symbolic link or into another
-    kind of file.  Raises :class:`AdmissionRefused` ``archive_refused``
-    (``details["archive_directory"]``: what was found), changing nothing."""
-    path = os.path.join(data_dir, ARCHIVE_DIRECTORY)
-    try:
-        found = os.lstat(path)
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise storage_error(exc, f"examining {ARCHIVE_DIRECTORY}/") from None
-    if stat.S_ISDIR(found.st_mode):
-        return
-    if stat.S_ISLNK(found.st_mode):
-        kind, what = "symbolic_link", "a symbolic link"
-    else:
-        kind, what = "not_a_directory", "not a directory"
-    raise AdmissionRefused(
-        "archive_refused", f"{ARCHIVE_DIRECTORY} in the data directory is {what}; archives are "
-        f"written only into a real {ARCHIVE_DIRECTORY}/ directory inside the data directory "
-        "(never through a link): move it away, make a directory in its place (with the "
-        "archive files it held), then archive again; nothing was changed",
-        archive_directory=kind)
+    """``archive/`` and ``archive/copies/`` are each absent or a real directory
+    inside the data directory: sealed history and copies of it are never
+    written through a symbolic link or into another kind of file.  Raises
+    :class:`AdmissionRefused` ``archive_refused`` (``details``:
+    ``archive_directory``, what was found, and ``directory``, which one),
+    changing nothing; ``storage_unavailable`` when they cannot be examined."""
+    for relative in (ARCHIVE_DIRECTORY, f"{ARCHIVE_DIRECTORY}/{COPIES_DIRECTORY}"):
+        try:
+            found = os.lstat(os.path.join(data_dir, *relative.split("/")))
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise storage_error(exc, f"examining {relative}/") from None
+        if stat.S_ISDIR(found.st_mode):
+            continue
+        if stat.S_ISLNK(found.st_mode):
+            kind, what = "symbolic_link", "a symbolic link"
+        else:
+            kind, what = "not_a_directory", "not a directory"
+        written, fix = (("archives are written", "make a directory in its place (with the "
+                         "archive files it held)") if relative == ARCHIVE_DIRECTORY else
+                        ("an archive's copy is made", "the next archive makes a new one (it "
+                         "only ever holds unfinished copies)"))
+        raise AdmissionRefused(
+            "archive_refused", f"{relative} in the data directory is {what}; {written} only "
+            f"in a real {relative}/ directory inside the data directory (never through a "
+            f"link): move it away, {fix}, then archive again; nothing was changed",
+            archive_directory=kind, directory=relative)
 
 
 def relative_name(journal_id: str) -> str:
@@ -302,7 +338,8 @@ def hash_at(data_dir: str, anchor: dict, seq: int) -> Optional[str]:
 
 def start_copy(database_path: str, temp_path: str) -> None:
     """A consistent copy of the live database (``VACUUM INTO`` from a read-only
-    connection: no writer lock is held for the long part)."""
+    connection: no writer lock is held for the long part) at ``temp_path``
+    (:func:`new_copy_path`), its directory made durably first."""
     make_durable_directories(os.path.dirname(temp_path))
     with contextlib.suppress(FileNotFoundError):
         os.unlink(temp_path)
@@ -365,7 +402,9 @@ def refuse_taken_name(data_dir: str, journal_id: str) -> str:
 
 
 def discard(temp_path: str) -> None:
-    """Remove an unfinished copy (never raises)."""
+    """Remove an unfinished copy and SQLite's ``-journal`` beside it (in
+    ``archive/copies/``; ``archive/copies/`` itself stays for the next
+    archive).  Never raises."""
     for path in (temp_path + suffix for suffix in _COPY_SUFFIXES):
         with contextlib.suppress(OSError):
             os.unlink(path)
@@ -389,11 +428,15 @@ def finish_copy(temp_path: str, rows: list, chain: Chain) -> None:
 
 
 def seal(temp_path: str, final_path: str) -> None:
-    """Read-only, renamed to its final name, both directories fsynced."""
+    """Read-only, renamed from ``archive/copies/`` to its final name in
+    ``archive/``; ``archive/`` (the new name), the copy's directory (the name
+    gone) and the data directory fsynced."""
     os.chmod(temp_path, 0o444)
     os.replace(temp_path, final_path)
-    fsync_directory(os.path.dirname(final_path))
-    fsync_directory(os.path.dirname(os.path.dirname(final_path)))
+    archive_dir = os.path.dirname(final_path)
+    for directory in dict.fromkeys((archive_dir, os.path.dirname(temp_path),
+                                    os.path.dirname(archive_dir))):
+        fsync_directory(directory)
 
 
 def settle_switch(data_dir: str, files: Any, intent: Any, journal_id: Optional[str],

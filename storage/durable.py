@@ -251,14 +251,22 @@ def _remove_files(directory: str, doomed: Callable[[str], bool]) -> list:
     return removed
 
 
-def remove_files_of_dead_processes(directory: str, pattern: "re.Pattern") -> list:
+def remove_files_of_dead_processes(directory: str, pattern: "re.Pattern",
+                                   kept: Optional[list] = None) -> list:
     """Remove the files in ``directory`` whose whole name matches ``pattern``
     and whose process -- the pattern's first group, a pid -- is gone; returns
-    the names removed.  For files written without the writer lock, whose live
-    writer must be left alone.  Never raises."""
+    the names removed (one listing).  For files written without the writer
+    lock, whose live writer must be left alone; ``kept``, when given, gets the
+    names of those.  Never raises."""
     def dead(name: str) -> bool:
         match = pattern.fullmatch(name)
-        return bool(match) and not process_alive(int(match.group(1)))
+        if not match:
+            return False
+        if process_alive(int(match.group(1))):
+            if kept is not None:
+                kept.append(name)
+            return False
+        return True
     return _remove_files(directory, dead)
 
 

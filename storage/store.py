@@ -348,13 +348,14 @@ class JournalStore(VerifiedSnapshots):
     def _remove_leftovers_locked(self) -> None:
         """Writer lock held: remove the temporary files of dead writers and
         creators (once per store: every writer of them holds the lock) and of
-        dead archivers (whenever ``archive/`` changed)."""
+        dead archivers (whenever ``archive/copies/`` changed)."""
         if not self._temp_files_checked:
             self.files.remove_stale_temp_files()
             self.database.remove_stale_build_files()
             self._temp_files_checked = True
         # Archive copies are made without the writer lock, by any process at
-        # any time: looked at again whenever archive/ changed (one stat).
+        # any time: looked at again whenever archive/copies/ changed (one
+        # lstat; the archives themselves are never listed).
         self._copies_seen = archive.remove_stale_copies(self.data_dir, self._copies_seen)
 
     def _complete_initialization(self, chain: Chain) -> None:

@@ -159,16 +159,25 @@ class ArchiverCase(ReliabilityCase):
             self.assertEqual(book(guard, booking), BOOKED)
         guard.close()
 
-    def archive_names(self):
-        directory = os.path.join(self.data_dir, "archive")
+    def archive_names(self, data_dir=None):
+        """What archive/ holds besides copies/ (the archives, and nothing else)."""
+        directory = os.path.join(data_dir or self.data_dir, "archive")
+        return sorted(name for name in os.listdir(directory) if name != "copies") \
+            if os.path.isdir(directory) else []
+
+    def copy_names(self, data_dir=None):
+        """What archive/copies/ holds: unfinished copies."""
+        directory = os.path.join(data_dir or self.data_dir, "archive", "copies")
         return sorted(os.listdir(directory)) if os.path.isdir(directory) else []
 
     def assertAllVerify(self, archives):
         """verify --all accepts every segment; exactly ``archives`` archive files
-        and nothing else in archive/; the live segment passes both checkers."""
+        and nothing else in archive/, no copy left in archive/copies/; the live
+        segment passes both checkers."""
         code, verified, text = run_cli(self.data_dir, "verify", "--all")
         self.assertEqual((code, len(verified["archives_verified"])), (0, archives), text)
         self.assertEqual(len(self.archive_names()), archives, self.archive_names())
+        self.assertEqual(self.copy_names(), [])
         self.assertFalse(os.path.exists(os.path.join(self.data_dir, "archive.json")))
         self.assertVerifies()
 
@@ -272,31 +281,53 @@ class SeveralArchivesBetweenTwoLooks(ArchiverCase):
 
 
 class UnusableArchiveDirectory(ArchiverCase):
-    """archive/ is a real directory inside the data directory, or nothing is written."""
+    """archive/ and archive/copies/ are real directories inside the data
+    directory, or nothing is written."""
 
     def test_a_symbolic_link_or_a_file_named_archive_is_refused_and_nothing_written(self):
+        self.assertRefusedUntilReal("archive")
+
+    def test_a_symbolic_link_or_a_file_named_archive_copies_is_refused_and_nothing_written(self):
+        os.mkdir(os.path.join(self.data_dir, "archive"))
+        self.assertRefusedUntilReal("archive/copies")
+
+    def assertRefusedUntilReal(self, relative):
+        """A symbolic link, then a regular file, at ``relative``: ``archive`` is
+        refused naming it and changes nothing; calls go on, and nothing outside
+        is written or removed (not even a file named like a dead archiver's copy)."""
         outside = os.path.join(self.root, "elsewhere")
         os.mkdir(outside)
-        path = os.path.join(self.data_dir, "archive")
-        for case, make, kind in (
-                ("symbolic link", lambda: os.symlink(outside, path), "symbolic_link"),
-                ("regular file", lambda: open(path, "w").close(), "not_a_directory")):
-            with self.subTest(case):
+        planted = "copy.999999999-0a1b2c3d.tmp"
+        with open(os.path.join(outside, planted), "wb") as stream:
+            stream.write(b"not ours")
+        path = os.path.join(self.data_dir, *relative.split("/"))
+        archive_dir = os.path.join(self.data_dir, "archive")
+
+        def archive_entries():  # what a real archive/ holds
+            real = os.path.isdir(archive_dir) and not os.path.islink(archive_dir)
+            return sorted(os.listdir(archive_dir)) if real else None
+        for make, kind, what in (
+                (lambda: os.symlink(outside, path), "symbolic_link", "a symbolic link"),
+                (lambda: open(path, "w").close(), "not_a_directory", "not a directory")):
+            with self.subTest(kind):
                 make()
-                before = logical_snapshot(self)
+                before = logical_snapshot(self), archive_entries()
                 code, refused, text = run_cli(self.data_dir, "archive")
                 self.assertEqual((code, refused["error"]["code"],
-                                  refused["error"]["archive_directory"]),
-                                 (1, "archive_refused", kind), text)
-                self.assertIn(case.split()[-1] if case != "regular file" else "not a directory",
+                                  refused["error"]["archive_directory"],
+                                  refused["error"]["directory"]),
+                                 (1, "archive_refused", kind, relative), text)
+                self.assertIn(f"{relative} in the data directory is {what}",
                               refused["error"]["message"])
-                self.assertEqual(logical_snapshot(self), before)
-                self.assertEqual(os.listdir(outside), [])
-                os.unlink(path)
+                self.assertEqual((logical_snapshot(self), archive_entries()), before)
                 guard = RecoveryGuard(self.data_dir)
-                self.assertEqual(book(guard, case), BOOKED)  # the gate stays open
+                self.assertEqual(book(guard, kind), BOOKED)  # the gate stays open
                 guard.close()
+                self.assertEqual(os.listdir(outside), [planted])
+                os.unlink(path)
         self.assertAllVerify(0)
+        self.assertEqual(run_cli(self.data_dir, "archive")[0], 0)  # a real one is made again
+        self.assertAllVerify(1)
 
 
 class ArchiverFailures(ArchiverCase):
@@ -337,13 +368,14 @@ class KilledArchiverCopies(ArchiverCase):
         self.assertEqual(book(guard, "first"), BOOKED)  # this worker's first write is done
         archiver = Paused(self, PAUSING_ARCHIVER, self.data_dir, "archive_copied:archived")
         self.assertEqual(archiver.first_line, "paused")
-        [copy] = self.archive_names()
+        [copy] = self.copy_names()
+        self.assertEqual(self.archive_names(), [])
         self.assertEqual(book(guard, "while-alive"), BOOKED)
-        self.assertEqual(self.archive_names(), [copy])  # a live archiver's copy stays
+        self.assertEqual(self.copy_names(), [copy])  # a live archiver's copy stays
         archiver.process.send_signal(signal.SIGKILL)
         archiver.process.communicate(timeout=TIMEOUT_SECONDS)
         self.assertEqual(book(guard, "after-kill"), BOOKED)
-        self.assertEqual(self.archive_names(), [])
+        self.assertEqual(self.copy_names(), [])
         guard.close()
         self.assertAllVerify(0)
 
@@ -395,8 +427,8 @@ class FullDisk(ArchiverCase):
                 result = json.loads(archived.stdout)  # one JSON document, whatever happened
                 self.assertNotIn("Traceback", archived.stderr)
                 os.unlink(os.path.join(self.mount, "filler"))
-                names = sorted(os.listdir(os.path.join(data_dir, "archive"))) \
-                    if os.path.isdir(os.path.join(data_dir, "archive")) else []
+                names = self.archive_names(data_dir)
+                self.assertEqual(self.copy_names(data_dir), [])
                 self.assertFalse(os.path.exists(os.path.join(data_dir, "archive.json")))
                 if archived.returncode == 0:
                     outcomes[free_kib] = "archived"

@@ -92,21 +92,59 @@ class ArchiveIntentNamesNothing(ReliabilityCase):
         code, result, text = run_cli(self.data_dir, "verify")
         self.assertEqual((code, result["integrity"]), (1, "archive_missing"), text)
 
-    def test_leftovers_of_dead_archivers_are_removed(self):
-        archive_dir = os.path.dirname(self.sealed_file)
-        leftovers = [os.path.join(archive_dir, f"copy.{DEAD_PID}-0a1b2c3d.tmp"),
-                     os.path.join(archive_dir, f"copy.{DEAD_PID}-0a1b2c3d.tmp-journal"),
-                     os.path.join(self.data_dir, f"archive.json.{DEAD_PID}-0a1b2c3d.tmp")]
-        live = os.path.join(archive_dir, f"copy.{os.getpid()}-0a1b2c3d.tmp")
-        for path in leftovers + [live]:
+    def plant(self, directory, pid):
+        """A half-written copy of process ``pid`` in ``directory`` (and its
+        SQLite -journal); returns both paths."""
+        paths = [os.path.join(directory, f"copy.{pid}-0a1b2c3d.tmp" + suffix)
+                 for suffix in ("", "-journal")]
+        for path in paths:
             with open(path, "wb") as stream:
                 stream.write(b"half")
+        return paths
+
+    def test_leftovers_of_dead_archivers_are_removed(self):
+        copies = os.path.join(os.path.dirname(self.sealed_file), "copies")
+        leftovers = self.plant(copies, DEAD_PID) + [
+            os.path.join(self.data_dir, f"archive.json.{DEAD_PID}-0a1b2c3d.tmp")]
+        with open(leftovers[-1], "wb") as stream:
+            stream.write(b"half")
+        live = self.plant(copies, os.getpid())
         guard = RecoveryGuard(self.data_dir)
         call(guard, Tool(), "c")
         guard.close()
         self.assertEqual([path for path in leftovers if os.path.exists(path)], [])
-        self.assertTrue(os.path.exists(live))  # its process still runs
+        self.assertEqual(sorted(os.listdir(copies)), sorted(map(os.path.basename, live)))
         self.assertTrue(os.path.exists(self.sealed_file))
+
+    def test_a_long_running_workers_next_write_removes_a_dead_archivers_copy(self):
+        copies = os.path.join(os.path.dirname(self.sealed_file), "copies")
+        guard = RecoveryGuard(self.data_dir)
+        self.addCleanup(guard.close)
+        call(guard, Tool(), "c")  # its first write is behind it
+        dead = self.plant(copies, DEAD_PID)
+        call(guard, Tool(), "d")
+        self.assertEqual(os.listdir(copies), [])
+        self.assertTrue(all(not os.path.exists(path) for path in dead))
+
+    def test_a_copy_left_in_archive_by_an_earlier_version_is_removed_by_archive(self):
+        # Copies were once made in archive/ itself: a dead archiver's is removed
+        # by the next archive (which copies the journal anyway), never looked
+        # for by a worker's call.
+        archive_dir = os.path.dirname(self.sealed_file)
+        dead = self.plant(archive_dir, DEAD_PID)
+        live = self.plant(archive_dir, os.getpid())
+        guard = RecoveryGuard(self.data_dir)
+        call(guard, Tool(), "c")
+        guard.close()
+        self.assertTrue(all(os.path.exists(path) for path in dead + live))
+        code, sealed, text = run_cli(self.data_dir, "archive")
+        self.assertEqual(code, 0, text)
+        self.assertEqual(sorted(os.listdir(archive_dir)), sorted(
+            ["copies", os.path.basename(self.sealed_file),
+             os.path.basename(sealed["archived"]["file"])] + [os.path.basename(p) for p in live]))
+        self.assertEqual(os.listdir(os.path.join(archive_dir, "copies")), [])
+        code, verified, text = run_cli(self.data_dir, "verify", "--all")
+        self.assertEqual((code, len(verified["archives_verified"])), (0, 2), text)
 
 
 if __name__ == "__main__":
