@@ -276,6 +276,7 @@ class RecoveryGuard(Gate):
             if self._current is not current:  # it ended, or another sibling took over
                 return self._in_flight if self._in_flight.acquire(blocking=False) else None
             current.detached_locks = (self._owner, self._calls)
+            self._detached.append(current)
             if self._owner is not None:
                 self._owner = OwnerLock(self._owner.data_dir)
             self._calls, self._current = None, None
@@ -304,6 +305,8 @@ class RecoveryGuard(Gate):
                     detached = admission is not None and admission.detached_locks is not None
                     if detached:
                         owner, calls = admission.detached_locks
+                        self._detached = [other for other in self._detached
+                                          if other is not admission]
                     else:
                         owner, calls, self._current = self._owner, self._calls, None
                 try:

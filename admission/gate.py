@@ -89,6 +89,9 @@ class Gate:
         self._journal: Any = None  # a journal_class instance, opened at first use
         self._owner: Optional[OwnerLock] = None
         self._current: Optional[Admission] = None  # the call in flight in this process
+        # Calls an operator resolved while they hung, still running after giving
+        # up the slot (guard.RecoveryGuard._enter).
+        self._detached: list = []
         self._forked_during: Optional[str] = None  # in a forked child: the parent's call
         self._logged: dict = {}  # what was logged when (see _warn_once)
         self.poisoned: Optional[str] = None  # why this instance refuses everything
@@ -112,7 +115,9 @@ class Gate:
         if self._current is not None:
             self._current.active = False
             self._forked_during = self._current.operation_id
-        self._current = None
+        for admission in self._detached:  # the forking thread may be inside one of them
+            admission.active = False
+        self._current, self._detached = None, []
         self._reset_locks()
 
     def settings(self) -> Settings:

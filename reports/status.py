@@ -87,7 +87,10 @@ def status_report(journal: Any, data_dir: str, *, now_ns: Optional[int] = None) 
         resolved_running = resolved_holders(data_dir)
         if (in_flight is not None and is_uuid(in_flight.get("operation_id"))
                 and journal.resolved_while_running(in_flight["operation_id"])):
-            resolved_running.insert(0, in_flight)
+            # Its lock may have been moved aside since it was probed: list it once.
+            resolved_running = [in_flight] + [
+                entry for entry in resolved_running
+                if entry["operation_id"] != in_flight["operation_id"]]
             in_flight = None
         busy_timeout = getattr(journal, "busy_timeout", DEFAULT_BUSY_TIMEOUT_SECONDS)
         holder = _holder_without_a_call(journal, data_dir, in_flight,

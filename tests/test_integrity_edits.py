@@ -175,12 +175,20 @@ class EditsBehindTheWorkersBack(ProtectedCallCase):
     """Raw file edits that SQLite's data_version cannot see, and a deleted WAL."""
 
     def edit_session_in_file(self, guard):
-        # Move every page into the main file, as SQLite's autocheckpoint does.
+        self.fold_wal_and_warm(guard)
+        self.raw_edit_session()
+
+    def fold_wal_and_warm(self, guard):
+        """Every page into the main file, as SQLite's autocheckpoint does;
+        then the guard caches them."""
         connection = sqlite3.connect(os.path.join(self.data_dir, "journal.sqlite3"))
         connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         connection.close()
         guard.pre_tool_call(tool_name="send_payment", args={"to": "bob"},
                             session_id="session-1", tool_call_id="warm")  # cache the pages
+
+    def raw_edit_session(self):
+        """``session-1`` rewritten in the database file's bytes."""
         path = os.path.join(self.data_dir, "journal.sqlite3")
         with open(path, "rb") as stream:
             content = stream.read()
@@ -207,6 +215,31 @@ class EditsBehindTheWorkersBack(ProtectedCallCase):
                 guard.close()
                 code, result, _ = run_cli(self.data_dir, "verify")
                 self.assertEqual((code, result["integrity"]), (1, "hash_mismatch"))
+
+    def test_an_edit_made_while_a_worker_reads_is_caught_at_its_next_call(self):
+        # What a read remembers of the files is what it saw before the read, so
+        # an edit landing between that look and the read counts as a change.
+        guard = RecoveryGuard(self.data_dir)
+        self.addCleanup(guard.close)
+        self.call(guard, Tool(), "call-0")
+        self.fold_wal_and_warm(guard)
+        database = guard._journal._store.database
+        looked, edits = database.files_touched, []
+
+        def look_then_edit(*args, **kwargs):
+            touched = looked(*args, **kwargs)
+            if not edits:  # the edit lands between the look and the read
+                edits.append(self.raw_edit_session())
+            return touched
+
+        database.files_touched = look_then_edit
+        guard.pre_tool_call(tool_name="send_payment", args={"to": "bob"},
+                            session_id="session-1", tool_call_id="during")
+        del database.files_touched
+        self.assertEqual(edits, [None])
+        tool = Tool()
+        self.assertEqual(self.blocked_code(self.call(guard, tool, "call-1")), "hash_mismatch")
+        self.assertEqual(tool.calls, 0)
 
     def test_deleted_wal_under_a_live_worker_refuses(self):
         guard = RecoveryGuard(self.data_dir)
