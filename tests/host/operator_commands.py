@@ -48,7 +48,8 @@ def prometheus_samples(text: str) -> List[str]:
     return [line for line in text.splitlines()
             if line and not line.startswith("crash_recovery_oldest_unresolved_age_seconds")
             and not any(name in line for name in ("crash_recovery_settings_problem",
-                                                  "crash_recovery_unmatched_tools"))]
+                                                  "crash_recovery_unmatched_tools",
+                                                  "crash_recovery_settings_attention"))]
 
 
 class Ran:
