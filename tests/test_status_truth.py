@@ -26,12 +26,12 @@ from crash_recovery.journal import Journal  # noqa: E402
 from crash_recovery.reports.status import status_report  # noqa: E402
 
 WORKERS = 3
-POLLS = 150
+POLLS = 100
 CLI_POLLS = 15
 # The slow disk: each append stalls this long with head.json already replaced
 # and its COMMIT not yet made (longer than a reader ever waited before).
 SLOW_COMMIT_SECONDS = 1.0
-SLOW_POLLS = 8
+SLOW_POLLS = 5
 CHILD_TIMEOUT_SECONDS = 120
 
 # argv: REPO DATA_DIR STOP_FILE STALL.  Protected calls until STOP_FILE exists,
