@@ -349,7 +349,10 @@ class CheckerRun:
 
 
 class HostRun(CheckerRun, InstallSteps):
-    """Prepares isolated profiles and runs scenario children."""
+    """Prepares isolated profiles and runs scenario children: the module at
+    ``CHILD_SCRIPT`` (a checker module built on this one sets its own)."""
+
+    CHILD_SCRIPT = str(Path(__file__).resolve())
 
     def new_home(self, label: str) -> Path:
         home = self.root / label / "home"
@@ -364,7 +367,7 @@ class HostRun(CheckerRun, InstallSteps):
         return environment
 
     def run_scenario(self, label: str, scenario: str, home: Path, **extra: str) -> None:
-        self.launch_child(str(Path(__file__).resolve()), label, scenario, home,
+        self.launch_child(self.CHILD_SCRIPT, label, scenario, home,
                           home.parent / "checks.json",
                           self.child_environment(home, CHECK_LABEL=label, **extra), home.parent)
 

@@ -360,10 +360,7 @@ SCENARIOS = {"booking_protected": scenario_booking_protected,
 class RefusalRun(check_host.HostRun):
     """Profiles with the booking service, the policy plugin and crash-recovery."""
 
-    def run_scenario(self, label: str, scenario: str, home: Path, **extra: str) -> None:
-        self.launch_child(str(Path(__file__).resolve()), label, scenario, home,
-                          home.parent / "checks.json",
-                          self.child_environment(home, CHECK_LABEL=label, **extra), home.parent)
+    CHILD_SCRIPT = str(Path(__file__).resolve())
 
     def profile(self, label: str) -> Path:
         home = self.user_profile(label)

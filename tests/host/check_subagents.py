@@ -261,11 +261,11 @@ SCENARIOS = {"outside_protected_call": scenario_outside_protected_call,
 class SubagentRun(check_host.HostRun):
     """One profile per scenario: the booking service and crash-recovery."""
 
+    CHILD_SCRIPT = str(Path(__file__).resolve())
+
     def run_step(self, label: str) -> None:
         home = self.user_profile(label)
-        self.launch_child(str(Path(__file__).resolve()), label, label, home,
-                          home.parent / "checks.json",
-                          self.child_environment(home, CHECK_LABEL=label), home.parent)
+        self.run_scenario(label, label, home)
         self.verify_journal(label, home)
 
     def outside_protected_call(self) -> None:

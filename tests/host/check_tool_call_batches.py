@@ -297,10 +297,7 @@ SCENARIOS = {"batch_shape": scenario_batch_shape, "local_batch": scenario_local_
 class BatchRun(check_host.HostRun):
     """Profiles with the booking service and crash-recovery."""
 
-    def run_scenario(self, label: str, scenario: str, home: Path, **extra: str) -> None:
-        self.launch_child(str(Path(__file__).resolve()), label, scenario, home,
-                          home.parent / "checks.json",
-                          self.child_environment(home, CHECK_LABEL=label, **extra), home.parent)
+    CHILD_SCRIPT = str(Path(__file__).resolve())
 
     def batch_shape(self) -> None:
         self.run_scenario("batch_shape", "batch_shape", self.new_home("batch_shape"))
