@@ -8,7 +8,8 @@ One call, as the ``tool_execution`` middleware sees it::
     the same call re-entered (host identity, this context)? ---> next_call()
     refuse: bad arguments, poisoned guard, nested call, a call already in
             flight, journal failure, any unresolved operation -> blocked JSON
-    owner lock, then journal.admit  (durable ``started``)
+    the call's own lock (calls/<operation id>), then journal.admit
+      (durable ``started``)
     bind the admission in a ContextVar
     next_call()  -- exactly once
        raises Exception      -> ``uncertain``/exception, re-raise
@@ -21,7 +22,7 @@ One call, as the ``tool_execution`` middleware sees it::
     force-resolved meanwhile -> ``late_outcome``, return the response
     recording failed after downstream ran -> poison this guard,
                                              return ``crash_recovery_record_failed``
-    finally: reset the binding, release the owner lock
+    finally: reset the binding, release the call's lock
 
 The middleware never raises before ``next_call``: Hermes skips a middleware that
 raises and runs the tool unrecorded (fail open).  The ``pre_tool_call`` hook is
@@ -34,7 +35,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 import uuid
 from typing import Any, Callable, Optional
@@ -47,11 +47,10 @@ from .admission.host_refusal import NOT_RUN, NOT_RUN_HOST_REFUSED, host_refused,
 from .admission.gate import Gate, Refusal
 from .classify import is_error_response
 from .journal import NO_RESPONSE_HASH, Journal
-from .reports.messages import RECORD_FAILED_ERROR, bounded, command_line, in_flight_explanation
-from .storage.calls import CallLease
+from .reports.messages import RECORD_FAILED_ERROR, bounded, command_line
+from .storage.call_lock import CallLock, held_calls
 from .storage.durable import reach_boundary
 from .storage.errors import AdmissionRefused, EncodingError, JournalError
-from .storage.owner import OwnerLock, probe_lock, resolved_holders
 from .storage.record import fingerprint, value_hash
 
 logger = logging.getLogger(__name__)
@@ -79,8 +78,6 @@ class RecoveryGuard(Gate):
     """
 
     journal_class = Journal
-    # Held while this guard's call is out (storage/calls.py), made at first admission.
-    _calls: Optional[CallLease] = None
 
     # ------------------------------------------------------------ identity --
 
@@ -136,7 +133,7 @@ class RecoveryGuard(Gate):
             identity, _ = self._identity(tool_name, args, session_id, tool_call_id)
             if self.poisoned:
                 raise Refusal("guard_poisoned", self.poisoned)
-            journal, _ = self._open()
+            journal = self._open()
             self._check_gate(journal, identity)
             return None
         except Refusal as refusal:
@@ -215,8 +212,7 @@ class RecoveryGuard(Gate):
                 return
             status = journal.status()
             if (status.checkpoint["count"] < limit or status.unresolved or status.attention
-                    or probe_lock(journal.data_dir) is not None
-                    or resolved_holders(journal.data_dir)):
+                    or held_calls(journal.data_dir)):
                 return
             sealed = journal.archive()
             logger.info("crash-recovery: archived %d events into %s (archive_after_events)",
@@ -227,23 +223,15 @@ class RecoveryGuard(Gate):
 
     def _run_protected(self, identity: tuple, call_fingerprint: str, next_call: Callable) -> Any:
         tool_name = identity[0]
-        in_flight = self._enter()
-        if in_flight is None:
-            # No admission is visible here (a nested entry was answered in
-            # tool_execution), so this is a sibling call of another context: wait.
-            current = self._current
-            running = [current.view()] if current is not None else []
-            return self._blocked(Refusal(
-                "operation_in_flight",
-                in_flight_explanation(tool_name, running, nested=False), running))
         admission: Optional[Admission] = None
         token = None
+        call_lock: Optional[CallLock] = None
         # One finally for everything from here on: an interrupt at any point
         # (even between admit() and the binding) resets the binding and
-        # releases both locks.
+        # releases the call's lock.
         try:
             try:
-                journal, operation_id = self._admit(identity, call_fingerprint)
+                journal, operation_id, call_lock = self._admit(identity, call_fingerprint)
             except Refusal as refusal:
                 return self._blocked(refusal)
             except Exception as exc:
@@ -252,144 +240,56 @@ class RecoveryGuard(Gate):
                     "internal_error", f"The crash-recovery guard failed ({type(exc).__name__}). "
                     "The call was NOT run; if the journal shows it as pending, its start was "
                     "recorded before the failure: settle it as not_applied."))
-            admission = self._current = Admission(operation_id, identity, time.time_ns())
+            admission = Admission(operation_id, identity, time.time_ns())
             token = ADMISSION.set(admission)
             return self._call_downstream(journal, admission, tool_name, next_call)
         finally:
-            self._end_call(admission, token, in_flight)
-
-    def _enter(self) -> Optional[Any]:
-        """This process's slot for one protected call: the acquired in-flight
-        lock, or None while another call of this process runs.  A call an
-        operator resolved while it hung (``resolve --force``) gives its slot
-        up here: it keeps its own owner lock and call lease until it ends (its
-        late outcome still counts), and the next call gets fresh ones, so a
-        resolved operation never keeps this worker busy either (docs/cli.md
-        §Owner)."""
-        with self._slot_lock:
-            if self._in_flight.acquire(blocking=False):
-                return self._in_flight
-            current = self._current
-        if current is None or not self._resolved_while_running(current.operation_id):
-            return None
-        with self._slot_lock:
-            if self._current is not current:  # it ended, or another sibling took over
-                return self._in_flight if self._in_flight.acquire(blocking=False) else None
-            current.detached_locks = (self._owner, self._calls)
-            self._detached.append(current)
-            if self._owner is not None:
-                self._owner = OwnerLock(self._owner.data_dir)
-            self._calls, self._current = None, None
-            self._in_flight = threading.Lock()
-            self._in_flight.acquire()
-            logger.warning("crash-recovery: operation %s (%s) was resolved by an operator while "
-                           "it still runs in this worker; other protected calls of this worker "
-                           "run again, and its late outcome will be recorded when it returns",
-                           current.operation_id, bounded(current.identity[0]))
-            return self._in_flight
-
-    def _end_call(self, admission: Optional[Admission], token: Any, in_flight: Any) -> None:
-        """Unbind and release, each step in its own ``finally``: an interrupt
-        arriving meanwhile never leaves a lock held.  A call whose slot was
-        given up (:meth:`_enter`) releases only its own locks."""
-        try:
             try:
                 if admission is not None:
                     admission.active = False
-            finally:
                 if token is not None:
                     ADMISSION.reset(token)
-        finally:
-            try:
-                with self._slot_lock:
-                    detached = admission is not None and admission.detached_locks is not None
-                    if detached:
-                        owner, calls = admission.detached_locks
-                        self._detached = [other for other in self._detached
-                                          if other is not admission]
-                    else:
-                        owner, calls, self._current = self._owner, self._calls, None
-                try:
-                    if calls is not None:
-                        calls.release()
-                        if detached:
-                            calls.close()
-                finally:
-                    if owner is not None:
-                        owner.release()
             finally:
-                in_flight.release()
-
-    def _call_lease(self, journal: Journal) -> CallLease:
-        """This guard's :class:`calls.CallLease` on the journal's database."""
-        if self._calls is None or self._calls.path != journal.database_path:
-            if self._calls is not None:
-                self._calls.close()
-            self._calls = CallLease(journal.database_path)
-        return self._calls
-
-    def close(self) -> None:
-        """Close the journal connection and give back the call lease's
-        descriptor (idempotent); the next call reopens both."""
-        if self._calls is not None:
-            self._calls.close()
-        super().close()
+                if call_lock is not None:
+                    call_lock.release()
 
     def _admit(self, identity: tuple, call_fingerprint: str) -> tuple:
-        """Gate, owner lock, durable ``started``: ``(journal, operation_id)``.
-        Raises :class:`Refusal`.  The caller releases the owner lock."""
+        """Gate, the call's lock, durable ``started``: ``(journal,
+        operation_id, call lock)``.  Raises :class:`Refusal` (then nothing is
+        held).  The caller releases the call's lock."""
         tool_name, session_id, tool_call_id, args_hash = identity
         if self.poisoned:
             raise Refusal("guard_poisoned", self.poisoned)
         try:
-            journal, owner = self._open()
+            journal = self._open()
         except JournalError as exc:  # e.g. the data directory cannot be resolved
             raise self._refusal_from(exc) from None
         operation_id = str(uuid.uuid4())
-        # Checked before the owner lock is touched: a refusal changes no file,
-        # and a killed worker's tag in owner.lock stays as the operator's
-        # evidence.  admit() below checks again under the writer lock.
+        # Checked before any file is touched: a refusal changes no file.
+        # admit() below checks again under the writer lock.
         self._check_gate(journal, identity)
+        call_lock = CallLock(journal.data_dir, operation_id)
         try:
-            if not owner.acquire(operation_id, retire_if=self._resolved_while_running):
-                holder = probe_lock(journal.data_dir) or {}
-                raise Refusal(
-                    "operation_in_flight",
-                    f"Another process (pid {holder.get('pid')}) is running a protected call in "
-                    f"this profile, so {tool_name} was refused and not run. Wait for it to "
-                    "finish; do not retry automatically in a loop.")
+            call_lock.acquire()
         except OSError as exc:
             raise Refusal("storage_unavailable",
-                           f"The owner lock cannot be used ({exc.strerror or exc}); nothing was "
-                           "run.") from None
-        try:
-            leased = self._call_lease(journal).acquire()  # released by _end_call
-        except OSError as exc:
-            raise Refusal("storage_unavailable", f"The journal's call lock cannot be used "
+                          f"The call's lock cannot be made in the journal's directory "
                           f"({exc.strerror or exc}); nothing was run.") from None
-        if not leased:
-            raise Refusal("database_locked", f"An archive switch of this profile's journal was "
-                          f"checking for running calls, so {tool_name} was refused and not run. "
-                          "Try again in a moment.")
         try:
             journal.admit(operation_id=operation_id, tool=tool_name, args_hash=args_hash,
                           fingerprint=call_fingerprint, session_id=session_id,
                           tool_call_id=tool_call_id)
         except JournalError as exc:
+            call_lock.release()
             if exc.code == "commit_failed":
                 logger.warning("crash-recovery: the started event of operation %s (%s) may or "
                                "may not be durable; the tool was NOT run. If it shows as pending, "
                                "settle it as not_applied", operation_id, tool_name)
             raise self._refusal_from(exc) from None
-        return journal, operation_id
-
-    def _resolved_while_running(self, operation_id: str) -> bool:
-        """Whether the holder of the owner lock runs a call an operator has
-        resolved (``resolve --force``): its lock is then moved aside."""
-        try:
-            return self._journal.resolved_while_running(operation_id)
-        except JournalError:
-            return False
+        except BaseException:
+            call_lock.release()
+            raise
+        return journal, operation_id, call_lock
 
     def _call_downstream(self, journal: Journal, admission: Admission, tool_name: str,
                          next_call: Callable) -> Any:

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
 from .storage import archive, archive_reading
-from .storage.calls import refuse_calls_out
+from .storage.call_lock import refuse_calls_out
 from .storage.chain import Chain, JournalStatus, Operation, operation_from_started, operation_key
 from .storage.database import DEFAULT_BUSY_TIMEOUT_SECONDS, translate_sqlite_error
 from .storage.durable import reach_boundary, storage_error
@@ -188,18 +188,25 @@ class Journal:
                 raise AdmissionRefused("invalid_request", f"{name} must be text or null")
         if not (isinstance(tool, str) and tool):
             raise AdmissionRefused("invalid_request", "tool name must be non-empty text")
-        with self._store.writing("started") as chain:
-            if chain.open:
-                operations = chain.operations()
-                raise AdmissionRefused(
-                    "unresolved_operations",
-                    f"{len(operations)} protected operation(s) have an unknown outcome",
-                    operations=[operation.to_json() for operation in operations])
+        with self._store.writing("started", give_up=self._refuse_open) as chain:
+            self._refuse_open(chain)
             self._store.append(chain, {"kind": "started", "operation_id": operation_id,
                                        "tool": tool, "fingerprint": fingerprint,
                                        "args_hash": args_hash, "session_id": session_id,
                                        "tool_call_id": tool_call_id})
             return chain.operation(operation_id)
+
+    @staticmethod
+    def _refuse_open(chain: Chain) -> None:
+        """Admission's one rule: nothing may be open (docs/guard.md §Execution
+        contract); also asked while another writer holds the lock, so that a
+        call that would be refused under it is refused at once."""
+        if chain.open:
+            operations = chain.operations()
+            raise AdmissionRefused(
+                "unresolved_operations",
+                f"{len(operations)} protected operation(s) have an unknown outcome",
+                operations=[operation.to_json() for operation in operations])
 
     def record_outcome(self, operation_id: str, *, uncertain: bool, result_hash: str,
                        reason: str) -> None:
@@ -292,7 +299,7 @@ class Journal:
                 before = self._ahead_checkpoint(chain)
                 lost = None
                 if chain.open:
-                    self._store.files.write_checkpoint(chain.checkpoint(), announce="repair")
+                    self._store.replace_checkpoint(chain.checkpoint(), announce="repair")
                 else:
                     # One transaction: head.json moves from the lost event to the
                     # new started, so a crash here leaves checkpoint_ahead again.
@@ -320,7 +327,7 @@ class Journal:
         ``archive_refused`` while an operation is open or a late outcome awaits
         acknowledgement, when there is nothing to archive, when another archive
         switched the segment away meanwhile, or when ``archive/`` is unusable;
-        ``owner_running`` while any protected call is out (storage/calls.py);
+        ``owner_running`` while any protected call is out (storage/call_lock.py);
         :class:`JournalError` for a failure (``storage_unavailable`` for a full
         disk), after which the journal is as it was."""
         if self.readonly:
@@ -338,7 +345,7 @@ class Journal:
                     reach_boundary("archive_copied", "archived")
                     with self._store.writing("archived") as chain:
                         self._refuse_archive(chain)
-                        refuse_calls_out(self.database_path)
+                        refuse_calls_out(self.data_dir)
                         archive.refuse_stale_copy(copied, chain, self._hash_at(chain, copied.count))
                         final = archive.refuse_taken_name(self.data_dir, chain.journal_id)
                         before, new_id = chain.checkpoint(), str(uuid.uuid4())
@@ -348,6 +355,7 @@ class Journal:
                         archive.finish_copy(temp, self._store.raw_rows(copied.count, chain.count),
                                             chain)
                         reach_boundary("archive_completed", "archived")
+                        self._store.hold_files()  # readers never see a live intent
                         intent_written = True  # from here on it may exist, even if this fails
                         archive.write_intent(self.data_dir, {
                             "from": before, "to": new_id, "file": anchor["file"],
@@ -355,7 +363,7 @@ class Journal:
                         archive.seal(temp, final)
                         reach_boundary("archive_sealed", "archived")
                         after = self._store.reset_segment(chain, new_id, anchor).checkpoint()
-                    archive.remove_intent(self.data_dir)
+                        self._store.after_commit(lambda: archive.remove_intent(self.data_dir))
                     intent_written = False
                     reach_boundary("intent_removed", "archived")
                     self._store.compact()

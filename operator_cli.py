@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 from .admission.settings import needs_attention, settings_view
 from .journal import Journal
 from .reconciliation.commands import CommandError, run_command
-from .reports.messages import next_command, next_step, standalone_prefix, status_next_step
+from .reports.messages import next_command, next_step_of, standalone_prefix, status_next_step
 from .reports.render import json_text, log_text_lines, render_text, stdout_takes_unicode
 from .reports.status import (GATE_CLOSED, absent_journal_status, note_platform_problem,
                              prometheus_text)
@@ -238,8 +238,7 @@ def execute(args: argparse.Namespace, data_dir_default: Callable[[], str],
         here = tuple(prefix(data_dir)) if prefix else standalone_prefix(data_dir)
         if exit_code == EXIT_ERROR:
             error = result["error"]
-            error["next"] = next_command(here, next_step(error["code"], error.get("found"),
-                                                         error.get("operation_id")))
+            error["next"] = next_command(here, next_step_of(error))
         elif command == "status":
             result["next"] = next_command(here, status_next_step(result))
     if exit_code == EXIT_OK and getattr(args, "check", False) and (

@@ -12,8 +12,9 @@ bridge) sees the binding; a sibling in a fresh context does not.
 from __future__ import annotations
 
 import contextvars
+import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 from ..reports.messages import iso_utc
@@ -31,9 +32,8 @@ class Admission:
     ``host_refusal``: ``(error_type, result)`` when the host reported, through
     its ``post_tool_call`` hook with ``status="blocked"``, that it refused this
     call before its handler (docs/guard.md §Inside Hermes).
-    ``detached_locks``: ``(owner lock, call lease)`` this call keeps for
-    itself after an operator resolved it while it ran and another call of the
-    process took the slot (``guard.RecoveryGuard._enter``).
+    ``pid``: the process that admitted it; a child forked during the call
+    inherits the binding but is not inside the call (:func:`inherited_admission`).
     """
     operation_id: str
     identity: tuple
@@ -41,7 +41,7 @@ class Admission:
     active: bool = True
     inner_refusal: Optional[str] = None
     host_refusal: Optional[tuple] = None
-    detached_locks: Optional[tuple] = None
+    pid: int = field(default_factory=os.getpid)
 
     def view(self) -> dict:
         """The running operation as a refusal shows it."""
@@ -57,9 +57,19 @@ ADMISSION: contextvars.ContextVar[Optional[Admission]] = contextvars.ContextVar(
 
 
 def live_admission() -> Optional[Admission]:
-    """This context's binding, if its call is still running."""
+    """This context's binding, if its call is still running in this process."""
     admission = ADMISSION.get()
-    return admission if admission is not None and admission.active else None
+    return (admission if admission is not None and admission.active
+            and admission.pid == os.getpid() else None)
+
+
+def inherited_admission() -> Optional[Admission]:
+    """In a child forked during a protected call: the parent's binding (the
+    call the child was forked inside), else None (docs/guard.md §Child
+    processes)."""
+    admission = ADMISSION.get()
+    return (admission if admission is not None and admission.active
+            and admission.pid != os.getpid() else None)
 
 
 def same_call(bound: tuple, identity: tuple) -> bool:

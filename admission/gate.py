@@ -3,13 +3,12 @@
 
 :class:`Gate` is the part of :class:`guard.RecoveryGuard` that decides and
 explains, without running anything: it reads the settings (once, failing
-closed), opens the journal and the owner lock at first use, turns an open
+closed), opens the journal at first use, turns an open
 operation or an integrity verdict into the refusal a model can relay --
 ``nested_call`` when the caller is inside the running call, ``operation_in_flight``
 for a sibling, ``unresolved_operations`` when a person must settle an unknown
 outcome -- logs WARNINGs at most once per operation and minute, and answers the
-model's two read-only inspection tools.  It also keeps the guard's state
-across ``fork``.
+model's two read-only inspection tools.
 """
 from __future__ import annotations
 
@@ -22,15 +21,14 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 from ..reports.chat import chat_status, chat_verify
 from ..reports.messages import (blocked_result, bounded, command_line, in_flight_explanation,
-                                integrity_explanation, next_command, next_step,
+                                integrity_explanation, next_command, next_step_of,
                                 standalone_prefix, unresolved_explanation)
 from ..reports.status import GATE_CLOSED, settled_views, status_report
-from ..storage import forksafe
+from ..storage.call_lock import OWNER_RUNNING
 from ..storage.errors import AdmissionRefused, JournalError, JournalUnavailable
-from ..storage.owner import OWNER_RUNNING, OwnerLock
 from ..storage.platform_support import platform_problem
 from ..storage.record import DATABASE_NAME
-from .binding import Admission, live_admission, same_call
+from .binding import inherited_admission, live_admission, same_call
 from .settings import (KNOWN_KEYS, MODE_PROTECTED_TOOLS, Settings, parse_settings,
                        tool_names_view, with_attention)
 
@@ -87,38 +85,19 @@ class Gate:
         self._mode_hinted = False
         self._settings: Optional[Settings] = None
         self._journal: Any = None  # a journal_class instance, opened at first use
-        self._owner: Optional[OwnerLock] = None
-        self._current: Optional[Admission] = None  # the call in flight in this process
-        # Calls an operator resolved while they hung, still running after giving
-        # up the slot (guard.RecoveryGuard._enter).
-        self._detached: list = []
-        self._forked_during: Optional[str] = None  # in a forked child: the parent's call
         self._logged: dict = {}  # what was logged when (see _warn_once)
         self.poisoned: Optional[str] = None  # why this instance refuses everything
         # Set when the host passed no callable next_call (docs/guard.md §Isolation mode).
         self.isolation_problem: Optional[str] = None
-        self._reset_locks()
-        forksafe.register(self)
+        self._lock, self._lock_pid = threading.Lock(), os.getpid()
 
-    def _reset_locks(self) -> None:
-        self._setup_lock = threading.Lock()
-        # One protected call at a time in this process; the owner lock and the
-        # journal's pending state extend that to the whole profile.
-        self._in_flight = threading.Lock()
-        # Guards the swap of the slot above when a resolved call gives it up
-        # (guard.RecoveryGuard._enter); held for microseconds.
-        self._slot_lock = threading.Lock()
-
-    def _after_fork_in_child(self) -> None:
-        """A child forked during a call is not that call: its copy of the
-        binding ends, and it starts with fresh locks (the parent's may be held)."""
-        if self._current is not None:
-            self._current.active = False
-            self._forked_during = self._current.operation_id
-        for admission in self._detached:  # the forking thread may be inside one of them
-            admission.active = False
-        self._current, self._detached = None, []
-        self._reset_locks()
+    @property
+    def _setup_lock(self) -> "threading.Lock":
+        """Held while the settings or the journal are set up; a forked child
+        gets a fresh one (a thread of the parent may have held it)."""
+        if self._lock_pid != os.getpid():
+            self._lock, self._lock_pid = threading.Lock(), os.getpid()
+        return self._lock
 
     def settings(self) -> Settings:
         """The parsed settings (read once, at first use; never raises)."""
@@ -220,8 +199,8 @@ class Gate:
                             "host has not registered: %s; %s", settings.mode,
                             ", ".join(unmatched), effect)
 
-    def _open(self) -> tuple:
-        """(journal, owner lock), created at first use.  Raises JournalError."""
+    def _open(self) -> Any:
+        """The journal, opened at first use.  Raises JournalError."""
         if self._journal is None:
             settings = self.settings()
             with self._setup_lock:
@@ -237,12 +216,11 @@ class Gate:
                     problem = platform_problem(directory)
                     if problem is not None:  # checked again at the next call: it may be fixed
                         raise JournalUnavailable("platform_unsupported", problem)
-                    self._owner = OwnerLock(directory)
                     self._journal = self.journal_class(
                         directory, busy_timeout=settings.busy_timeout,
                         full_verification=settings.full_verification,
                         full_verification_interval=settings.full_verification_interval)
-        return self._journal, self._owner
+        return self._journal
 
     def _prefix(self) -> Optional[tuple]:
         """The words that run the operator commands, or None when unknown."""
@@ -264,7 +242,7 @@ class Gate:
         self._warn_once(f"journal:{error.code}", REFUSAL_LOG_INTERVAL_SECONDS,
                         "crash-recovery: the journal refuses protected calls (%s): %s; next: %s",
                         error.code, bounded(error.message),
-                        next_command(prefix or (), next_step(error.code)) or "status")
+                        next_command(prefix or (), next_step_of(error.to_json())) or "status")
         return Refusal(error.code, integrity_explanation(error, prefix))
 
     def _open_now(self, identity: Optional[tuple]) -> Callable[[], tuple]:
@@ -295,19 +273,15 @@ class Gate:
         if not views:
             return Refusal("operation_in_flight", in_flight_explanation(tool_name, [],
                                                                         nested=False))
-        current = self._current
-        running = [view for view in views if view["state"] == "pending" and (
-            view["owner"] == OWNER_RUNNING
-            or (current is not None and view["operation_id"] == current.operation_id))]
+        running = [view for view in views
+                   if view["state"] == "pending" and view["owner"] == OWNER_RUNNING]
         if running and len(running) == len(views):
             # Nested: this context is inside the running call (its admission is
             # visible, e.g. Hermes' execute_code bridge thread copies the
             # context), or this process was forked during it.  Siblings run in
             # fresh contexts: they wait.
-            binding = live_admission()
-            nested = (running[0]["operation_id"] == self._forked_during
-                      or (binding is not None
-                          and running[0]["operation_id"] == binding.operation_id))
+            inside = live_admission() or inherited_admission()
+            nested = inside is not None and running[0]["operation_id"] == inside.operation_id
             code = "nested_call" if nested else "operation_in_flight"
             return Refusal(code, in_flight_explanation(tool_name, running, nested=nested),
                             running)
@@ -364,7 +338,7 @@ class Gate:
         outcomes needing attention, the settings."""
         settings = self.settings()
         try:
-            journal, _ = self._open()
+            journal = self._open()
         except JournalError as exc:
             return {"ok": False, "integrity": exc.code, "gate": GATE_CLOSED,
                     "error": exc.to_json(), "unresolved": [],
@@ -382,7 +356,7 @@ class Gate:
         """``crash_recovery_verify`` (docs/guard.md §Inspection tools): a full
         verification, optionally against an external ancestor ``checkpoint``."""
         try:
-            journal, _ = self._open()
+            journal = self._open()
             journal.status()  # this worker's own gate first (e.g. wal_missing): one verdict
             # A fresh read-only connection: the worker's own connection may keep
             # pages cached that were edited on disk behind SQLite's back.

@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional
 
 from ..admission.settings import settings_view
 from ..reconciliation.commands import command_log, run_command
-from ..reports.messages import hermes_prefix, next_command, next_step, status_next_step
+from ..reports.messages import hermes_prefix, next_command, next_step_of, status_next_step
 from ..reports.status import GATE_CLOSED, GATE_OPEN, note_platform_problem
 from ..storage import archive
 from . import hermes
@@ -118,7 +118,7 @@ class DashboardCommands:
         prefix = command_words(profile_view()["name"])
         if not ok:
             error = document["error"]
-            error["next"] = next_command(prefix, next_step(error["code"], error.get("found")))
+            error["next"] = next_command(prefix, next_step_of(error))
         elif command == "status":
             document["next"] = next_command(prefix, status_next_step(document))
         return document, 200 if ok else http_status(document)

@@ -24,12 +24,11 @@ import time
 import uuid
 from typing import Any, Callable, Optional
 
-from ..reports.messages import iso_utc, next_command, next_step, operation_view
+from ..reports.messages import iso_utc, next_command, next_step_of, operation_view
 from ..reports.status import status_report
 from ..storage.durable import fsync_directory, open_regular_file, read_regular_file
 from ..storage.errors import AdmissionRefused, JournalError
-from ..storage.owner import (OWNER_RUNNING, probe_lock, probe_owner, resolved_holders,
-                             retire_holder)
+from ..storage.call_lock import OWNER_RUNNING, held_calls, probe_owner
 from ..storage.record import CHECKPOINT_NAME, canonical_text
 from .evidence import read_evidence
 from .restart import RestartRefused, restart_journal
@@ -70,17 +69,17 @@ ERROR_HINTS = {
                            "every worker and run the `next` command (restart-journal): it keeps "
                            "the broken files as evidence and every operation that may have run "
                            "open",
-    "wal_missing": "the journal's write-ahead log (journal.sqlite3-wal) vanished under a running "
-                   "worker: stop every worker and run the `next` command (restart-journal): it "
-                   "keeps the remaining files as evidence and every operation that may have run "
-                   "open",
+    "wal_missing": "the journal's write-ahead log (journal.sqlite3-wal) was deleted. While a "
+                   "worker still has the journal open (workers_running), it holds the deleted "
+                   "log's events, and they return to the database when it exits: stop every "
+                   "worker of the profile, then run status again. With no worker left, run the "
+                   "`next` command (restart-journal): it keeps the remaining files as evidence "
+                   "and every operation that may have run open",
     "database_locked": "a process holds the journal's writer lock; retry in a moment. If it "
                        "stays, look at the process named in writer_pid: protected calls are "
                        "refused until it lets go",
     "nothing_to_acknowledge": "`status` lists the late outcomes that need acknowledging; an "
                               "operation that is still open is settled with `resolve`",
-    "owner_lock_stuck": "a process holds owner.lock without a call in the journal (error.owner "
-                        "names it): stop it; protected calls are refused until it lets go",
     "read_access_only": "this user may read the journal but not write it: run the command as "
                         "the user the workers run as (the owner of the data directory)",
 }
@@ -381,8 +380,6 @@ def command_resolve(args: argparse.Namespace, data_dir: str, journal_class: Jour
     with journal_class(data_dir, create=False) as journal:
         resolution = journal.resolve(operation_id, outcome=args.outcome, evidence=evidence,
                                      operator=operator, forced=forced)
-    if forced:  # its worker still holds owner.lock: the next call must not wait for it
-        retire_holder(data_dir, operation_id)
     previous = resolution.operation
     result = {"ok": True, "integrity": "ok", "data_dir": data_dir, "resolved": operation_id,
               "outcome": args.outcome, "previous_state": previous.state, "tool": previous.tool,
@@ -438,8 +435,9 @@ def command_archive(args: argparse.Namespace, data_dir: str, journal_class: Jour
     start a new segment anchored to it (docs/cli.md §archive).  Refused while an
     operation is open, a late outcome awaits acknowledgement, or a protected
     call is running."""
-    # A worker still running a force-resolved call may yet record its outcome.
-    holder = probe_lock(data_dir) or next(iter(resolved_holders(data_dir)), None)
+    # A worker still running a call (one an operator resolved too) may yet
+    # record its outcome; Journal.archive checks again under the writer lock.
+    holder = next(iter(held_calls(data_dir)), None)
     if holder is not None:
         raise CommandError("owner_running", f"a protected call is running (pid "
                            f"{holder.get('pid')}, operation {holder.get('operation_id')}); "
@@ -507,6 +505,5 @@ def run_command(command: "str | Callable[..., dict]", args: argparse.Namespace, 
     if result["error"]["code"] in ERROR_HINTS:
         result["error"]["hint"] = ERROR_HINTS[result["error"]["code"]]
     error = result["error"]
-    error["next"] = next_command((), next_step(error["code"], error.get("found"),
-                                               error.get("operation_id")))
+    error["next"] = next_command((), next_step_of(error))
     return result, False

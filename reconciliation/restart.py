@@ -35,14 +35,8 @@ import re
 import shutil
 import sqlite3
 import stat
-import struct
 import uuid
 from typing import Any, Callable, Optional
-
-try:
-    import fcntl
-except ImportError:  # no advisory locks: workers cannot be detected
-    fcntl = None  # type: ignore[assignment]
 
 from ..reports.messages import INTEGRITY_VERDICTS
 from ..storage.archive import ARCHIVE_DIRECTORY
@@ -51,14 +45,14 @@ from ..storage.database import DEFAULT_BUSY_TIMEOUT_SECONDS
 from ..storage.durable import (TEMP_SUFFIX, fsync_directory, fsync_file, process_alive,
                                reach_boundary, read_regular_file, write_atomically)
 from ..storage.errors import IntegrityError, JournalError, JournalUnavailable
-from ..storage.owner import OwnerLock
+from ..storage.call_lock import held_calls
 from ..storage.record import (CHECKPOINT_NAME, DATABASE_NAME, INTENT_NAME, LOST_TOOL, MARKER_NAME,
                               SCHEMA, SHM_SUFFIX, WAL_SUFFIX, canonical_text, checkpoint_of,
                               genesis_hash, is_uuid, value_hash)
 from ..storage.schema import SQL_SELECT_ROWS_AFTER
 from ..storage.snapshot import DEFAULT_FULL_VERIFICATION_INTERVAL_SECONDS
 from ..storage.store import JournalStore
-from ..storage.wal_keeper import REGISTRY_OFFSET
+from ..storage.wal_keeper import SUPPORTED as WAL_KEEPER_SUPPORTED, journal_open_elsewhere
 
 # The tool name of the bookkeeping operation that opens a restarted journal.
 RESTART_TOOL = "crash-recovery.restart-journal"
@@ -69,8 +63,6 @@ REPLACED_DIRECTORY = "replaced"
 MOVED_NAMES = (DATABASE_NAME, DATABASE_NAME + WAL_SUFFIX, DATABASE_NAME + SHM_SUFFIX,
                MARKER_NAME, INTENT_NAME, ARCHIVE_DIRECTORY)
 NO_HASH = value_hash(None)
-# ``struct flock`` on Linux (64-bit off_t): l_type, l_whence, l_start, l_len, l_pid.
-_FLOCK = "@hhqqi4x"
 # The staging directory of a restart, its creator's pid in group 1.
 STAGING_NAME = re.compile(r"restart\.(\d+)-[0-9a-f]{8}" + re.escape(TEMP_SUFFIX))
 
@@ -260,29 +252,13 @@ def _switch(data_dir: str, staging: str, evidence_dir: str, placeholder: bytes) 
 
 
 def _journal_open_elsewhere(data_dir: str) -> bool:
-    """Whether a process has the journal open for writing, an idle worker
-    too: each holds a read lock on one byte of the database far past SQLite's
-    own (``storage.wal_keeper.REGISTRY_OFFSET``).  False where the platform
-    has no open-file-description locks (nothing to tell by) or there is no
-    database; True when the question cannot be answered (a restart must
-    never move a journal a worker may still be using)."""
-    if fcntl is None or not hasattr(fcntl, "F_OFD_GETLK"):
-        return False
-    try:
-        descriptor = os.open(os.path.join(data_dir, DATABASE_NAME),
-                             os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK)
-    except FileNotFoundError:
-        return False  # no database: nobody has it open
-    except OSError:
-        return True  # cannot tell: refuse rather than move a journal in use
-    try:
-        found = fcntl.fcntl(descriptor, fcntl.F_OFD_GETLK, struct.pack(
-            _FLOCK, fcntl.F_WRLCK, os.SEEK_SET, REGISTRY_OFFSET, 1, 0))
-        return struct.unpack(_FLOCK, found)[0] != fcntl.F_UNLCK
-    except OSError:
-        return True
-    finally:
-        os.close(descriptor)
+    """Whether a process has the journal open (a worker of ours, idle or not,
+    or any other SQLite connection: :func:`wal_keeper.journal_open_elsewhere`).
+    True when the question cannot be answered where it can be asked (a
+    restart must never move a journal a worker may still be using); False
+    where the platform has no open-file-description locks."""
+    found = journal_open_elsewhere(os.path.join(data_dir, DATABASE_NAME))
+    return bool(found) if found is not None or not WAL_KEEPER_SUPPORTED else True
 
 
 def _remove_dead_staging(data_dir: str) -> None:
@@ -307,8 +283,7 @@ def restart_journal(data_dir: str, journal_class: Callable[..., Any], *, evidenc
     if _journal_open_elsewhere(data_dir):
         raise RestartRefused("workers_running", "a worker of this profile still has the journal "
                              "open; stop every worker (gateway, agents, cron jobs) first")
-    owner = OwnerLock(data_dir)
-    if not owner.acquire(str(uuid.uuid4())):
+    if held_calls(data_dir):
         raise RestartRefused("owner_running", "a protected call is running in this profile; "
                              "stop every worker first")
     _remove_dead_staging(data_dir)
@@ -341,7 +316,6 @@ def restart_journal(data_dir: str, journal_class: Callable[..., Any], *, evidenc
         moved = _switch(data_dir, staging, evidence_dir, placeholder)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-        owner.release()
     return {"found": found, "replaced_journal_id": state["journal_id"],
             "last_verified_checkpoint": state["checkpoint"], "unverified": unverified,
             "evidence_directory": folder, "moved": moved,

@@ -18,7 +18,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 from ..storage.chain import Operation
 from ..storage.errors import JournalError
-from ..storage.owner import OWNER_RUNNING, probe_owner
+from ..storage.call_lock import OWNER_RUNNING, probe_owner
 
 
 BLOCKED_ERROR = "crash_recovery_blocked"
@@ -71,6 +71,17 @@ def next_step(code: str, found: Optional[str] = None,
     return RESTART_STEP if code in INTEGRITY_VERDICTS else None
 
 
+def next_step_of(error: dict) -> Optional[tuple]:
+    """:func:`next_step` of an error document (``code``, ``found``,
+    ``operation_id``, ``workers_running``).  ``wal_missing`` while processes
+    still have the journal open: stop them and look again (their exit folds
+    the deleted WAL's events back); with none left, restart-journal."""
+    code = error.get("code") or ""
+    if code == "wal_missing" and error.get("workers_running"):
+        return ("status",)
+    return next_step(code, error.get("found"), error.get("operation_id"))
+
+
 def operation_waits_for_a_person(view: dict) -> bool:
     """An open operation that is not a call running right now."""
     return not (view.get("state") == "pending" and view.get("owner") == OWNER_RUNNING)
@@ -87,8 +98,9 @@ def status_next_step(result: dict) -> Optional[tuple]:
     verdict's (:func:`next_step`), a resolution while an outcome is unknown,
     an acknowledgement while a late outcome waits, else None."""
     if not result.get("ok"):
-        error = result.get("error") or {}
-        return next_step(error.get("code") or result.get("integrity") or "", error.get("found"))
+        error = dict(result.get("error") or {})
+        error["code"] = error.get("code") or result.get("integrity") or ""
+        return next_step_of(error)
     waiting = first_waiting(result.get("unresolved") or [])
     if result.get("gate") == "closed" and waiting is not None:
         return ("resolve", waiting["operation_id"], "--outcome",

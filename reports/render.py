@@ -8,7 +8,7 @@ import sys
 import unicodedata
 from typing import Any, Iterator, Optional, Sequence
 
-from ..storage.owner import OWNER_RUNNING
+from ..storage.call_lock import OWNER_RUNNING
 from .messages import command_line, describe_age, first_waiting, iso_utc, standalone_prefix
 from .status import GATE_BUSY
 
@@ -106,7 +106,7 @@ def _status_text(result: dict, header: str, prefix: Sequence[str]) -> str:
         f" (a protected call is running: operation {in_flight.get('operation_id')}, pid "
         f"{in_flight.get('pid')})" if in_flight else "")]
     if rows and result.get("gate") == GATE_BUSY:
-        lines += [f"{len(rows)} protected call(s) running now (the worker holds the owner lock); "
+        lines += [f"{len(rows)} protected call(s) running now (the worker holds its call lock); "
                   "other protected calls are refused (operation_in_flight) until it ends, and "
                   "nothing needs settling:",
                   _table(rows, ("operation_id", "tool", "state", "started_at", "age", "owner",

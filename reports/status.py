@@ -1,6 +1,6 @@
 """The gate as a document: open, busy or closed; the verified status report
 (docs/cli.md §status, docs/guard.md §Inspection tools) and its Prometheus
-gauges.  Reads the journal and the owner lock; never writes.
+gauges.  Reads the journal and the call locks; never writes.
 """
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ from typing import Any, Callable, Optional, Sequence
 
 from ..storage.database import DEFAULT_BUSY_TIMEOUT_SECONDS
 from ..storage.errors import JournalError, JournalUnavailable
-from ..storage.owner import probe_lock, resolved_holders
+from ..storage.call_lock import held_calls
+from ..storage.durable import file_state
+from ..storage.lock_holders import wal_writer_pids
 from ..storage.platform_support import platform_problem
-from ..storage.record import is_uuid
-from ..storage.writer_lock import stuck_writer
+from ..storage.record import WAL_SUFFIX
 from .messages import operation_view, operation_waits_for_a_person
 
 # Gate states (docs/cli.md §status).
@@ -20,14 +21,14 @@ GATE_OPEN, GATE_BUSY, GATE_CLOSED = "open", "busy", "closed"
 # Rounds of "probe the owners, read the journal again" before open operations
 # are reported as they were last seen (a stopped worker settles in two).
 SETTLE_ATTEMPTS = 50
-# Seconds between two looks at an owner.lock holder whose call is not in the journal.
+# Seconds between two looks at a process that holds the journal's writer lock.
 OWNER_POLL_SECONDS = 0.01
 
 
 def gate_of(ok: bool, unresolved: list, in_flight: Optional[dict]) -> str:
     """``closed`` (an integrity failure, or an outcome nobody knows: an open
     operation whose worker is not running it), ``busy`` (a call is running
-    now: its worker holds the owner lock) or ``open``.  ``unresolved``:
+    now: its worker holds its call lock) or ``open``.  ``unresolved``:
     :func:`operation_view` dicts."""
     if not ok or any(operation_waits_for_a_person(view) for view in unresolved):
         return GATE_CLOSED
@@ -39,7 +40,7 @@ def settled_views(operations: Sequence[Any], read_open: Callable[[], Sequence[An
     """:func:`operation_view` of the open operations, read so that a call that
     is running or has just finished is never shown as waiting for a person.
 
-    A worker holds ``owner.lock`` from before its ``started`` until after its
+    A worker holds its call lock from before its ``started`` until after its
     outcome is committed.  So a ``pending`` operation whose owner probe says
     it is not running is read again from the journal (``read_open()``, after
     the probe): still pending there, its worker let go without an outcome
@@ -70,11 +71,13 @@ def status_report(journal: Any, data_dir: str, *, now_ns: Optional[int] = None) 
     "unresolved": [operation_view...], "attention": [...], "in_flight",
     "resolved_running": [{"operation_id", "pid", "process_start"}...]}``, plus
     ``"error": {code, message, ...}`` when not ok.  Open operations are read
-    with :func:`settled_views`; a lock held by the worker of a call an
-    operator resolved (``resolve --force``) is listed in ``resolved_running``,
-    never as the call in flight.  Never raises :class:`JournalError`.
+    with :func:`settled_views`; ``in_flight`` is the running call of an open
+    operation (its call lock, storage/call_lock.py), ``resolved_running`` the
+    calls an operator resolved (``resolve --force``) whose worker still runs
+    them.  Never raises :class:`JournalError`.
     """
-    in_flight = probe_lock(data_dir)
+    held = held_calls(data_dir)
+    in_flight = None
     latest: list = []
 
     def read_open() -> tuple:
@@ -84,25 +87,11 @@ def status_report(journal: Any, data_dir: str, *, now_ns: Optional[int] = None) 
     try:
         unresolved = settled_views(read_open(), read_open, data_dir, now_ns=now_ns)
         status = latest[0]
-        resolved_running = resolved_holders(data_dir)
-        if (in_flight is not None and is_uuid(in_flight.get("operation_id"))
-                and journal.resolved_while_running(in_flight["operation_id"])):
-            # Its lock may have been moved aside since it was probed: list it once.
-            resolved_running = [in_flight] + [
-                entry for entry in resolved_running
-                if entry["operation_id"] != in_flight["operation_id"]]
-            in_flight = None
+        pending = {view["operation_id"] for view in unresolved if view["state"] == "pending"}
+        in_flight = next((call for call in held if call["operation_id"] in pending), None)
+        resolved_running = [call for call in held if call["operation_id"] not in pending
+                            and journal.resolved_while_running(call["operation_id"])]
         busy_timeout = getattr(journal, "busy_timeout", DEFAULT_BUSY_TIMEOUT_SECONDS)
-        holder = _holder_without_a_call(journal, data_dir, in_flight,
-                                        {view["operation_id"] for view in unresolved},
-                                        2 * busy_timeout)
-        if holder is not None:  # every protected call is refused operation_in_flight
-            raise JournalUnavailable(
-                "owner_lock_stuck", f"process {holder.get('pid')} has held owner.lock for "
-                f"operation {holder.get('operation_id')}, which the journal does not show as "
-                f"running, for longer than twice the busy timeout: every protected call is "
-                f"refused (operation_in_flight) until it lets go. Find out what it is (ps -p "
-                f"{holder.get('pid')}) and stop it", owner=holder)
         stuck = stuck_writer(journal.database_path, busy_timeout)
         if stuck is not None:  # every protected call waits for it, then is refused
             raise JournalUnavailable(
@@ -122,23 +111,27 @@ def status_report(journal: Any, data_dir: str, *, now_ns: Optional[int] = None) 
             "in_flight": in_flight, "resolved_running": resolved_running}
 
 
-def _holder_without_a_call(journal: Any, data_dir: str, in_flight: Optional[dict],
-                           open_ids: set, wait_seconds: float) -> Optional[dict]:
-    """The holder of ``owner.lock`` (``in_flight``) when, for ``wait_seconds``,
-    it keeps the lock with the same tag while the journal never shows its
-    operation open: not a call about to be recorded (a worker that cannot
-    record its ``started`` within the busy timeout lets go), nor one just
-    recorded and letting go, but a stuck or foreign process.  None otherwise.
-    Polls every :data:`OWNER_POLL_SECONDS`; raises :class:`JournalError`."""
-    if in_flight is None or in_flight.get("operation_id") in open_ids:
+def stuck_writer(database_path: str, wait_seconds: float) -> Optional[int]:
+    """The pid of a process holding SQLite's writer lock on the journal for
+    ``wait_seconds`` (the busy timeout: a protected call waiting that long is
+    refused ``database_locked``) with no commit meanwhile; None when nobody
+    holds it that long, when writers make progress, or where nobody can tell
+    (storage/lock_holders.py).  Polls every :data:`OWNER_POLL_SECONDS`."""
+    holders = wal_writer_pids(database_path)
+    if not holders:
         return None
+    progress = (file_state(database_path), file_state(database_path + WAL_SUFFIX))
     deadline = time.monotonic() + wait_seconds
     while time.monotonic() < deadline:
         time.sleep(OWNER_POLL_SECONDS)
-        if probe_lock(data_dir) != in_flight or in_flight.get("operation_id") in {
-                operation.operation_id for operation in journal.status().unresolved}:
+        try:
+            moved = progress != (file_state(database_path),
+                                 file_state(database_path + WAL_SUFFIX))
+        except OSError:
             return None
-    return in_flight
+        if moved or wal_writer_pids(database_path) != holders:
+            return None
+    return holders[0]
 
 
 def absent_journal_status(data_dir: str) -> dict:

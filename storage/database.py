@@ -17,13 +17,12 @@ import errno
 import os
 import re
 import sqlite3
-import threading
 import time
 import urllib.parse
 import uuid
-from typing import Iterator, Optional
+from typing import Optional
 
-from . import forksafe
+from . import forksafe, lock_holders
 from .durable import (BOUNDARY_KIND_GENESIS, TEMP_SUFFIX, file_size, file_state, fsync_directory,
                       fsync_file, make_durable_directories, reach_boundary,
                       remove_files_of_dead_processes, storage_error, temp_path_for)
@@ -66,86 +65,23 @@ def translate_sqlite_error(exc: sqlite3.Error, action: str) -> JournalError:
     return JournalUnavailable("database_error", f"{action}: {type(exc).__name__}: {text}")
 
 
-# Database paths this process holds SQLite connections to (path -> count).  POSIX
-# record locks belong to the process and vanish when *any* descriptor of the file
-# is closed, so a raw open()/close() of a database that another connection here
-# has open would drop that connection's locks: another process closing its last
-# connection then checkpoints and deletes the WAL under it.  Raw reads of the
-# database file happen only while this process has no connection to it.
-_OPEN_DATABASES: dict = {}
-_OPEN_DATABASES_LOCK = threading.Lock()
-
-
-def _remember_database(path: str) -> None:
-    with _OPEN_DATABASES_LOCK:
-        _OPEN_DATABASES[path] = _OPEN_DATABASES.get(path, 0) + 1
-
-
-def _forget_database(path: str) -> None:
-    with _OPEN_DATABASES_LOCK:
-        remaining = _OPEN_DATABASES.get(path, 0) - 1
-        if remaining > 0:
-            _OPEN_DATABASES[path] = remaining
-            return
-        _OPEN_DATABASES.pop(path, None)
-        held = _HELD_DESCRIPTORS.pop(path, [])
-        held += [descriptor for _, descriptor in _COMPANION_DESCRIPTORS.pop(path, [])]
-    for descriptor in held:
-        with contextlib.suppress(OSError):
-            os.close(descriptor)
-
-
-# Raw descriptors of a database file (storage/calls.py flocks it) whose close
-# waits until this process holds no connection to that file (path -> [fd]).
-_HELD_DESCRIPTORS: dict = {}
-# Descriptors of a database's companion files (its -shm: storage/writer_lock.py
-# asks the kernel about SQLite's locks through one), opened while this process
-# has a connection to the database and closed with its last connection
-# (database path -> [((dev, ino), fd)]): closing one earlier would drop the
-# connection's POSIX locks on that file.
-_COMPANION_DESCRIPTORS: dict = {}
-
-
-@contextlib.contextmanager
-def companion_descriptor(database_path: str, file_path: str) -> Iterator[int]:
-    """A read-only descriptor of ``file_path`` (a companion file of the
-    database at ``database_path``, e.g. its ``-shm``) for a lock query.  While
-    this process has a connection to the database, one descriptor per file
-    identity is kept until the last connection closes (never closed under a
-    live connection); otherwise a fresh one is closed on exit.  Connections
-    neither open nor close meanwhile: keep the body short (one ``fcntl``).
-    Raises ``OSError`` (``FileNotFoundError`` when the file does not exist)."""
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    with _OPEN_DATABASES_LOCK:
-        if not _OPEN_DATABASES.get(database_path):
-            descriptor = os.open(file_path, flags)
-            try:
-                yield descriptor
-            finally:
-                os.close(descriptor)
-            return
-        found = os.stat(file_path)
-        kept = _COMPANION_DESCRIPTORS.setdefault(database_path, [])
-        identity = (found.st_dev, found.st_ino)
-        descriptor = next((fd for key, fd in kept if key == identity), None)
-        if descriptor is None:
-            descriptor = os.open(file_path, flags)
-            opened = os.fstat(descriptor)  # replaced between stat and open: its own identity
-            kept.append(((opened.st_dev, opened.st_ino), descriptor))
-        yield descriptor
-
-
-def close_database_descriptor(path: str, descriptor: int) -> None:
-    """Close a raw descriptor of the database file at ``path``: now when no
-    connection of this process has that file open, else when the last one
-    closes (closing it earlier would drop their POSIX locks, see above).
-    Never raises."""
-    with _OPEN_DATABASES_LOCK:
-        if path in _OPEN_DATABASES:
-            _HELD_DESCRIPTORS.setdefault(path, []).append(descriptor)
-            return
-    with contextlib.suppress(OSError):
-        os.close(descriptor)
+def wal_missing_verdict(database_path: str, what: str) -> IntegrityError:
+    """The ``wal_missing`` verdict (docs/cli.md §Verdict codes): ``what``
+    happened, and who still has the journal open (``workers_running``: pids,
+    [] for none, None where unknown).  While one of them lives, its connection
+    holds the deleted WAL's events and its exit folds them back; with none
+    left, events committed to that WAL are lost."""
+    pids = lock_holders.connected_pids(database_path, wal_keeper.SHARED_FIRST,
+                                       wal_keeper.SHARED_FIRST + wal_keeper.SHARED_SIZE - 1)
+    if pids:
+        after = (f"; process(es) {', '.join(map(str, pids))} still have the journal open: "
+                 "while one runs, it holds the events of the deleted WAL, and they return to "
+                 "the database when it exits. Stop every worker of the profile, then look again")
+    elif pids == []:
+        after = "; no process has the journal open any more: events committed to it are lost"
+    else:
+        after = "; events committed to it may be lost"
+    return IntegrityError("wal_missing", what + after, workers_running=pids)
 
 
 class Database:
@@ -156,8 +92,11 @@ class Database:
     ``-wal``/``-shm``), with ``immutable=1`` instead, since SQLite could not
     create the ``-shm`` it needs (:attr:`immutable`).
     ``create``: a missing database may be created (else ``journal_absent``).
-    Not thread-safe by itself: :class:`journal.Journal` serializes every use.
-    Methods raise only :class:`JournalError` subclasses unless they say otherwise.
+    A read-write connection is opened under a :class:`wal_keeper.WalKeeper`.
+    Used from a forked child, the parent's connection is dropped unclosed and
+    a new one opened (storage/forksafe.py).  Not thread-safe by itself:
+    :class:`journal.Journal` serializes every use.  Methods raise only
+    :class:`JournalError` subclasses unless they say otherwise.
     """
 
     def __init__(self, data_dir: str, *, busy_timeout: float, readonly: bool, create: bool):
@@ -168,22 +107,24 @@ class Database:
         self.create = create
         self.immutable = False
         self.connection: Optional[sqlite3.Connection] = None
+        self._pid = forksafe.current_pid()
+        self._keeper: Optional[wal_keeper.WalKeeper] = None
         self._file_identity: Optional[tuple] = None
         # (device, inode) of the WAL this connection writes to; see check_wal.
         self._wal_identity: Optional[tuple] = None
         # (database, WAL) file states after this connection's last transaction.
         self._files_seen: Optional[tuple] = None
-        forksafe.register(self)
 
-    def _after_fork_in_child(self) -> None:
-        """A forked child never uses, closes or finalizes the parent's connection."""
+    def _drop_if_forked(self) -> None:
+        """In a forked child: forget the parent's connection and keeper without
+        closing them (the child must never close or finalize them)."""
+        if self._pid == os.getpid():
+            return
         if self.connection is not None:
             forksafe.abandon(self.connection)
-        self.connection = None
-        self._files_seen = None
-        self._wal_identity = None
-        _OPEN_DATABASES.clear()  # the child holds no POSIX locks of its own
-        _HELD_DESCRIPTORS.clear()
+        self.connection, self._keeper = None, None
+        self._files_seen = self._wal_identity = None
+        self._pid = os.getpid()
 
     # --------------------------------------------------------- opening --
 
@@ -203,6 +144,7 @@ class Database:
 
     def connect(self) -> sqlite3.Connection:
         """Open (once) the connection; refuse to re-create a lost database."""
+        self._drop_if_forked()
         if self.connection is not None:
             self._check_file_identity()
             return self.connection
@@ -210,9 +152,7 @@ class Database:
                                              and not os.path.isdir(self.data_dir)):
             raise JournalUnavailable("storage_unavailable",
                                      f"data directory {self.data_dir} is not a directory")
-        with _OPEN_DATABASES_LOCK:  # see _OPEN_DATABASES: never drop a sibling's locks
-            if not _OPEN_DATABASES.get(self.path):
-                refuse_rewritable_database(self)
+        refuse_rewritable_database(self)
         if (not self.readonly and os.path.isdir(self.data_dir)
                 and not (os.access(self.data_dir, os.W_OK)
                          and (not os.path.exists(self.path) or os.access(self.path, os.W_OK)))):
@@ -232,6 +172,8 @@ class Database:
                 if not self.create:
                     raise JournalUnavailable("journal_absent", f"no journal in {self.data_dir}")
                 self._create_database_file()
+        self._refuse_deleted_wal()
+        connection = None
         try:
             if self.readonly:
                 self.immutable = self._quiescent_and_unwritable()
@@ -239,13 +181,8 @@ class Database:
                     "?mode=ro&immutable=1" if self.immutable else "?mode=ro")
                 connection = sqlite3.connect(uri, uri=True, timeout=self.busy_timeout,
                                              isolation_level=None, check_same_thread=False)
-                _remember_database(self.path)  # before any statement takes a lock
             else:
                 connection = self._open_writable()
-        except sqlite3.Error as exc:
-            raise translate_sqlite_error(exc, "opening the journal database") from None
-        try:
-            if not self.readonly:
                 self._refuse_foreign_tables(connection)
                 mode = self._enable_wal(connection)
                 if str(mode).lower() != "wal":
@@ -258,62 +195,58 @@ class Database:
                 self._wal_identity = None if wal is None else wal[:2]
             identity = os.stat(self.path)
         except sqlite3.Error as exc:
-            self._release(connection)
-            raise translate_sqlite_error(exc, "configuring the journal database") from None
+            self._release(connection, fold=False)
+            raise translate_sqlite_error(exc, "opening the journal database") from None
+        except OSError as exc:
+            self._release(connection, fold=False)
+            raise storage_error(exc, "opening the journal database") from None
         except BaseException:
-            self._release(connection)
+            self._release(connection, fold=False)
             raise
         self.connection = connection
         self._file_identity = (identity.st_dev, identity.st_ino)
         return connection
 
+    def _refuse_deleted_wal(self) -> None:
+        """``-shm`` without ``-wal``: the WAL was deleted (SQLite itself removes
+        ``-shm`` first and creates ``-wal`` first, so it never leaves this).
+        Opening would make a new empty WAL beside it; instead nothing is
+        touched, and the verdict names the processes that still have the
+        journal open: while one lives, its connection still holds the deleted
+        WAL's events, and its exit folds them back (docs/cli.md §wal_missing)."""
+        if os.path.lexists(self.path + SHM_SUFFIX) and not os.path.lexists(
+                self.path + WAL_SUFFIX):
+            raise wal_missing_verdict(self.path, f"{DATABASE_NAME}{WAL_SUFFIX} is gone while "
+                                      f"{DATABASE_NAME}{SHM_SUFFIX} remains: it was deleted "
+                                      "while a worker had the journal open")
+
     def _open_writable(self) -> sqlite3.Connection:
-        """A read-write connection, registered with :mod:`wal_keeper` (one this
-        process parked for the same file is taken back).  Raises
-        ``sqlite3.Error`` and :class:`JournalUnavailable`."""
+        """A read-write connection, opened under its own WAL keeper.  Raises
+        ``OSError`` and ``sqlite3.Error``."""
+        keeper = wal_keeper.WalKeeper(self.path)
+        keeper.hold(self.busy_timeout)
         try:
-            wal_keeper.register(self.path)
-        except OSError as exc:
-            self._close_spare_descriptors()
-            raise storage_error(exc, "registering this process with the journal") from None
-        try:
-            found = os.stat(self.path)
-            connection = wal_keeper.take_parked(self.path, (found.st_dev, found.st_ino))
-            if connection is None:
-                connection = sqlite3.connect(self.path, timeout=self.busy_timeout,
-                                             isolation_level=None, check_same_thread=False)
-                _remember_database(self.path)  # before any statement takes a lock
-        except OSError as exc:
-            wal_keeper.unregister(self.path)
-            self._close_spare_descriptors()
-            raise storage_error(exc, "opening the journal database") from None
+            connection = sqlite3.connect(self.path, timeout=self.busy_timeout,
+                                         isolation_level=None, check_same_thread=False)
         except BaseException:
-            wal_keeper.unregister(self.path)
-            self._close_spare_descriptors()
+            keeper.close()
             raise
-        wal_keeper.adopt(self.path, connection)
+        self._keeper = keeper
         return connection
 
-    def _close_spare_descriptors(self) -> None:
-        for descriptor in wal_keeper.spare_descriptors():
-            close_database_descriptor(self.path, descriptor)
-
-    def _release(self, connection: sqlite3.Connection) -> None:
-        """Close a connection of this Database; a read-write one through
-        :func:`wal_keeper.close`, which may park it (then it stays counted as
-        open here).  Never raises."""
-        if self.readonly:
+    def _release(self, connection: Optional[sqlite3.Connection], *, fold: bool) -> None:
+        """Close ``connection`` and this Database's keeper.  ``fold``: let the
+        keeper go first, so that SQLite may fold the WAL into the database if
+        this is the last connection anywhere (only for a journal last seen
+        healthy); else nothing of the journal's files changes.  Never raises."""
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None and fold:
+            keeper.let_go()
+        if connection is not None:
             with contextlib.suppress(sqlite3.Error):
                 connection.close()
-            _forget_database(self.path)
-            return
-        try:
-            parked = wal_keeper.close(self.path, self._file_identity, connection)
-        except (sqlite3.Error, OSError):
-            parked = False
-        if not parked:
-            _forget_database(self.path)
-        self._close_spare_descriptors()
+        if keeper is not None:
+            keeper.close()
 
     def _create_database_file(self) -> None:
         """Build a new journal (WAL mode, tables, metadata, triggers) under a
@@ -374,13 +307,13 @@ class Database:
                 and not os.path.lexists(self.path + WAL_SUFFIX)
                 and not os.path.lexists(self.path + SHM_SUFFIX))
 
-    def close(self) -> None:
-        """Close the connection (idempotent)."""
+    def close(self, *, fold: bool = True) -> None:
+        """Close the connection (idempotent).  ``fold``: see :meth:`_release`."""
+        self._drop_if_forked()
         self._files_seen = None
         self._wal_identity = None
-        if self.connection is not None:
-            self._release(self.connection)
-        self.connection = None
+        connection, self.connection = self.connection, None
+        self._release(connection, fold=fold)
 
     @staticmethod
     def _refuse_foreign_tables(connection: sqlite3.Connection) -> None:
@@ -471,10 +404,14 @@ class Database:
             return
         wal = file_state(self.path + WAL_SUFFIX)
         if wal is None or wal[:2] != self._wal_identity:
-            raise IntegrityError(
-                "wal_missing",
-                f"{DATABASE_NAME}{WAL_SUFFIX} was deleted or replaced while this worker had the "
-                "journal open; events it committed may exist only in the lost file")
+            raise wal_missing_verdict(self.path, f"{DATABASE_NAME}{WAL_SUFFIX} was deleted or "
+                                      "replaced while this worker had the journal open")
+
+    def own_wal_deleted(self) -> bool:
+        """Whether the WAL this read-write connection writes to was deleted
+        (nothing at its name now): the connection still holds it whole, and
+        closing it folds its events back into the database."""
+        return self._wal_identity is not None and not os.path.lexists(self.path + WAL_SUFFIX)
 
     def read_failure(self, exc: sqlite3.Error, action: str) -> JournalError:
         """:func:`translate_sqlite_error`, except that a read-only reader that
@@ -484,10 +421,9 @@ class Database:
         if (self.readonly and "i/o" in str(exc).lower()
                 and os.path.lexists(self.path + SHM_SUFFIX)
                 and file_size(self.path + WAL_SUFFIX) <= 0):  # gone (or re-made empty)
-            return IntegrityError(
-                "wal_missing", f"{DATABASE_NAME}{WAL_SUFFIX} is gone while "
-                f"{DATABASE_NAME}{SHM_SUFFIX} remains: it was deleted while a worker had the "
-                "journal open; events committed to it may be lost")
+            return wal_missing_verdict(self.path, f"{DATABASE_NAME}{WAL_SUFFIX} is gone while "
+                                       f"{DATABASE_NAME}{SHM_SUFFIX} remains: it was deleted "
+                                       "while a worker had the journal open")
         return translate_sqlite_error(exc, action)
 
     def _check_file_identity(self) -> None:

@@ -21,6 +21,7 @@ import os
 import re
 import secrets
 import stat
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from .errors import IntegrityError, JournalUnavailable, short
@@ -183,12 +184,16 @@ def temp_path_for(target: str) -> str:
 
 
 def write_atomically(target: str, content: bytes, *, announce: str = "",
-                     on_replaced: Optional[Callable[[], None]] = None) -> None:
+                     on_replaced: Optional[Callable[[], None]] = None,
+                     before_replace: Optional[Callable[[], None]] = None) -> None:
     """Temp write, fsync, ``os.replace`` over ``target``, directory fsync
-    (docs/format.md §Append step 3).  ``on_replaced`` runs right after the
-    replace (so a caller knows ``target`` changed even if the directory fsync
-    then fails).  Raises :class:`JournalUnavailable` ``storage_unavailable``;
-    announces boundaries when ``announce`` names a kind."""
+    (docs/format.md §Append step 3).  ``before_replace`` runs after the fsync
+    and before the replace (a writer takes the head lock there, so that the
+    lock spans the replace but not the temp file's fsync); ``on_replaced``
+    runs right after the replace (so a caller knows ``target`` changed even if
+    the directory fsync then fails).  Raises :class:`JournalUnavailable`
+    ``storage_unavailable``; announces boundaries when ``announce`` names a
+    kind."""
     directory = os.path.dirname(target)
     temp_path = temp_path_for(target)
     replaced = False
@@ -206,6 +211,8 @@ def write_atomically(target: str, content: bytes, *, announce: str = "",
             os.close(descriptor)
         if announce:
             reach_boundary("checkpoint_fsynced", announce)
+        if before_replace is not None:
+            before_replace()
         os.replace(temp_path, target)
         replaced = True
         if on_replaced is not None:
@@ -281,84 +288,99 @@ def remove_stale_temp_files(data_dir: str, targets: tuple) -> list:
 
 # ------------------------------------------------------ head.json and marker --
 
+@dataclass(frozen=True)
+class FilesAtRest:
+    """``head.json``, the marker and the archive intent as one look saw them
+    (taken under the head lock: storage/head_lock.py).  ``checkpoint`` and
+    ``marker``: the bytes, None when absent, or the ``OSError`` reading them
+    raised; ``intent``: whether anything lies at the intent's name."""
+    checkpoint: Any
+    marker: Any
+    intent: bool
+
+
 class DurableFiles:
     """``head.json`` and ``initialized`` of one data directory.
 
-    Checks compare the files with a verified chain summary (``journal_id``,
-    ``schema``, ``count``, ``head``) and raise :class:`IntegrityError` with the
-    verdict code of docs/cli.md §Verdict codes.  A file whose state (inode,
-    size, times) is unchanged since it was last read with the expected content
-    is not read again.
+    :meth:`read_at_rest` looks at the files; the checks compare what it saw
+    with a verified chain summary (``journal_id``, ``schema``, ``count``,
+    ``head``) and raise :class:`IntegrityError` with the verdict code of
+    docs/cli.md §Verdict codes.  A file whose state (inode, size, times) is
+    unchanged since it was last read is not read again.
     """
 
     def __init__(self, data_dir: str):
         self.data_dir = data_dir
         self.checkpoint_path = os.path.join(data_dir, CHECKPOINT_NAME)
         self.marker_path = os.path.join(data_dir, MARKER_NAME)
+        self.intent_path = os.path.join(data_dir, INTENT_NAME)
         # True once this writer's current transaction replaced head.json.
         self.checkpoint_replaced = False
-        # path -> (file state, exact content) as last read and found correct.
+        # path -> (file state, content) as last read.
         self._files_read: dict = {}
         self._expected_checkpoint: tuple = (None, b"")
 
     def forget(self) -> None:
-        """Drop every cached file state (the next check reads the files)."""
+        """Drop every cached file state (the next look reads the files)."""
         self._files_read = {}
 
-    def _unchanged_since_seen(self, path: str, expected: bytes) -> tuple:
-        """``(unchanged, state)``: ``unchanged`` when ``path`` still has the file
-        state it had when it was last read holding exactly ``expected`` -- then
-        it cannot hold anything else (any write changes size, mtime or ctime; a
-        replace changes the inode).  ``state`` is taken *before* a caller reads,
-        so a change during the read is seen next time."""
-        state = file_state(path)
-        return state is not None and self._files_read.get(path) == (state, expected), state
+    def read_at_rest(self) -> FilesAtRest:
+        """One look at the three files (one ``stat`` each; a file is read
+        only when its state changed since it was last read).  Never raises."""
+        return FilesAtRest(self._content(self.checkpoint_path), self._content(self.marker_path),
+                           os.path.lexists(self.intent_path))
 
-    def check_marker_identity(self, journal_id: str) -> None:
+    def _content(self, path: str) -> Any:
+        try:
+            state = file_state(path)
+            if state is None:
+                return None
+            cached = self._files_read.get(path)
+            if cached is not None and cached[0] == state:
+                return cached[1]
+            content = read_regular_file(path)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            return exc
+        # The state taken before the read: a change during it is seen next time.
+        self._files_read[path] = (state, content)
+        return content
+
+    @staticmethod
+    def _bytes(found: Any, name: str, missing: Optional[IntegrityError]) -> Optional[bytes]:
+        """The bytes seen, raising ``missing`` (absent) or ``storage_unavailable``
+        (unreadable); None for an absent file when ``missing`` is None."""
+        if isinstance(found, OSError):
+            raise storage_error(found, f"reading {name}")
+        if found is None and missing is not None:
+            raise missing
+        return found
+
+    def check_marker_identity(self, journal_id: str, at_rest: FilesAtRest) -> None:
         """Before the chain is read: a marker naming another journal means the
         metadata was changed (or the database swapped) -- not a broken link."""
-        try:
-            decoded = json.loads(read_regular_file(self.marker_path))
-        except (OSError, ValueError):
+        if not isinstance(at_rest.marker, bytes):
             return  # missing or unreadable: check_marker names it after the chain
+        try:
+            decoded = json.loads(at_rest.marker)
+        except ValueError:
+            return
         if (isinstance(decoded, dict) and is_uuid(decoded.get("journal_id"))
                 and decoded["journal_id"] != journal_id):
             raise IntegrityError("identity_mismatch",
                                  f"{MARKER_NAME} names journal {decoded['journal_id']} but the "
                                  f"database metadata names {journal_id}")
 
-    def _differing_content(self, path: str, expected: bytes,
-                           missing: Optional[IntegrityError]) -> Optional[bytes]:
-        """The bytes of ``path`` when they differ from ``expected``; None when the
-        file holds exactly ``expected`` (remembered by file state) or is absent
-        and ``missing`` is None.  Raises ``missing`` for an absent file and
-        ``storage_unavailable`` for an unreadable one."""
-        unchanged, state = self._unchanged_since_seen(path, expected)
-        if unchanged:
-            return None
-        try:
-            found = read_regular_file(path)
-        except FileNotFoundError:
-            if missing is None:
-                return None
-            raise missing from None
-        except OSError as exc:
-            raise storage_error(exc, f"reading {os.path.basename(path)}") from None
-        if found == expected:
-            self._files_read[path] = (state, expected)
-            return None
-        return found
-
-    def check_marker(self, journal_id: str, schema: str, count: int, *,
+    def check_marker(self, journal_id: str, schema: str, count: int, at_rest: FilesAtRest, *,
                      creation_interrupted: bool = False) -> None:
         """The marker must hold exactly :func:`record.marker_text`.
         ``creation_interrupted``: an empty journal whose creator died before
         writing it -- its absence is then not an error."""
         missing = None if creation_interrupted else IntegrityError(
             "marker_missing", f"{MARKER_NAME} is missing beside a journal with {count} events")
-        found = self._differing_content(self.marker_path,
-                                        marker_text(journal_id, schema).encode("utf-8"), missing)
-        if found is None:
+        found = self._bytes(at_rest.marker, MARKER_NAME, missing)
+        if found is None or found == marker_text(journal_id, schema).encode("utf-8"):
             return
         try:
             decoded = json.loads(found)
@@ -371,16 +393,16 @@ class DurableFiles:
                                  f"journal {journal_id}")
         raise IntegrityError("marker_corrupt", f"{MARKER_NAME} does not match the journal metadata")
 
-    def check_checkpoint(self, expected: dict, *, creation_interrupted: bool = False) -> None:
+    def check_checkpoint(self, expected: dict, at_rest: FilesAtRest, *,
+                         creation_interrupted: bool = False) -> None:
         """``head.json`` must equal ``expected`` (the journal summary) exactly."""
         key = (expected["journal_id"], expected["count"], expected["head"])
         if self._expected_checkpoint[0] != key:  # encode once per chain state
             self._expected_checkpoint = (key, canonical_text(expected).encode("utf-8"))
         missing = None if creation_interrupted else IntegrityError(
             "checkpoint_missing", f"{CHECKPOINT_NAME} is missing")
-        found = self._differing_content(self.checkpoint_path, self._expected_checkpoint[1],
-                                        missing)
-        if found is not None:
+        found = self._bytes(at_rest.checkpoint, CHECKPOINT_NAME, missing)
+        if found is not None and found != self._expected_checkpoint[1]:
             compare_checkpoint(found, expected)
 
     def read_checkpoint(self) -> Any:
@@ -391,18 +413,21 @@ class DurableFiles:
         """Whether both head.json and the marker exist (whatever they hold)."""
         return os.path.lexists(self.checkpoint_path) and os.path.lexists(self.marker_path)
 
-    def write_checkpoint(self, checkpoint: dict, *, announce: str) -> None:
+    def write_checkpoint(self, checkpoint: dict, *, announce: str,
+                         before_replace: Optional[Callable[[], None]] = None) -> None:
         """Replace ``head.json`` durably with ``checkpoint`` (sets
-        :attr:`checkpoint_replaced` as soon as the replace happened)."""
+        :attr:`checkpoint_replaced` as soon as the replace happened).  The
+        replace happens under the head lock held exclusively
+        (``before_replace`` takes it, :func:`write_atomically`)."""
         content = canonical_text(checkpoint).encode("utf-8")
         write_atomically(self.checkpoint_path, content, announce=announce,
-                         on_replaced=self._note_replaced)
+                         on_replaced=self._note_replaced, before_replace=before_replace)
 
     def _note_replaced(self) -> None:
         self.checkpoint_replaced = True
 
     def write_marker(self, journal_id: str, schema: str, *, announce: str) -> None:
-        """Write the ``initialized`` marker durably."""
+        """Write the ``initialized`` marker durably (head lock held exclusively)."""
         write_atomically(self.marker_path, marker_text(journal_id, schema).encode("utf-8"),
                          announce=announce)
 

@@ -3,45 +3,72 @@
 
 A protected tool may fork: ``multiprocessing`` with the fork start method
 (Linux's default), ``os.fork``, or a library that does.  The child inherits
-every descriptor and every object of ours, in whatever state they were:
+every descriptor and every object of ours, in whatever state they were.  Two
+rules keep the parent's journal safe:
 
-* the SQLite connection -- SQLite forbids using it in a child, and closing it
-  there may checkpoint or delete the WAL under the parent;
-* the ``flock`` on ``owner.lock`` -- an inherited descriptor keeps the lock held
-  for as long as the child lives, after the parent released its own;
-* locks held by another thread at the moment of the fork, which nobody will
-  ever release in the child.
+* **Objects check the pid where they are used.**  A :class:`Database`, a
+  journal store or a guard remembers the pid that made its connection or lock
+  (:func:`current_pid`); used from another pid, it drops them without closing
+  them (an SQLite connection closed or finalized in a child may checkpoint or
+  delete the WAL under the parent: :func:`abandon` keeps it referenced for the
+  child's whole life) and starts afresh.  A thread lock another thread held at
+  the fork is replaced the same way.
+* **Locks held through a descriptor are closed in the child at once.**  A
+  ``flock`` belongs to the open file description, which a child shares: an
+  inherited descriptor of a per-call lock (storage/call_lock.py) or of the head
+  lock (storage/head_lock.py) would keep it held for as long as the child
+  lives, after the parent let go.  Such descriptors are registered here
+  (:func:`close_in_child`); the one fork handler of the plugin closes them in
+  the child *without unlocking* (the lock stays the parent's).
 
-Objects that own such things call :func:`register`; in the child, right after
-the fork, each gets ``_after_fork_in_child()`` and drops them *without* closing
-or unlocking anything the parent still uses.  Standard library only.
+Standard library only.
 """
 from __future__ import annotations
 
 import os
-import weakref
+import threading
 
-_OWNERS: "weakref.WeakSet" = weakref.WeakSet()
+_LOCK = threading.Lock()
+# Descriptors a forked child closes at once (flocks of the parent's).
+_CLOSE_IN_CHILD: set = set()
 # Objects a child must never finalize (an SQLite connection's destructor would
 # close it): kept alive for the child's whole life.
 _ABANDONED: list = []
 
 
-def register(owner: object) -> None:
-    """Call ``owner._after_fork_in_child()`` in every child forked from now on."""
-    _OWNERS.add(owner)
+def current_pid() -> int:
+    """The pid to remember beside a connection or lock (``os.getpid()``)."""
+    return os.getpid()
+
+
+def close_in_child(descriptor: int) -> None:
+    """A forked child closes ``descriptor`` right after the fork."""
+    with _LOCK:
+        _CLOSE_IN_CHILD.add(descriptor)
+
+
+def forget(descriptor: int) -> None:
+    """``descriptor`` is about to be closed by its owner: not the child's business."""
+    with _LOCK:
+        _CLOSE_IN_CHILD.discard(descriptor)
 
 
 def abandon(resource: object) -> None:
-    """Keep ``resource`` referenced forever in this (child) process, so that its
-    destructor never runs here."""
+    """Keep ``resource`` referenced forever in this process, so that its
+    destructor never runs here (a forked child's copy of a connection)."""
     _ABANDONED.append(resource)
 
 
-def _reset_owners_in_child() -> None:
-    for owner in list(_OWNERS):
-        owner._after_fork_in_child()
+def _close_inherited_descriptors() -> None:
+    global _LOCK
+    _LOCK = threading.Lock()  # another thread may have held it at the fork
+    for descriptor in _CLOSE_IN_CHILD:
+        try:
+            os.close(descriptor)
+        except OSError:
+            pass
+    _CLOSE_IN_CHILD.clear()
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_owners_in_child)
+    os.register_at_fork(after_in_child=_close_inherited_descriptors)

@@ -7,8 +7,13 @@ things to :class:`journal.Journal`:
 
 * :meth:`JournalStore.snapshot` -- the verified chain, verified on a read
   snapshot without the writer lock (snapshot.py);
-* :meth:`JournalStore.writing` -- the writer lock (``BEGIN IMMEDIATE``) held
-  around a chain brought up to date cheaply, then COMMIT;
+* :meth:`JournalStore.writing` -- the one place that orders database work and
+  file work: the writer lock (``BEGIN IMMEDIATE``) around a chain brought up
+  to date cheaply; then, from the first change to a file beside the database
+  until COMMIT has returned (and the steps that must follow it, such as
+  removing an archive intent), the head lock held exclusively
+  (storage/head_lock.py); then COMMIT.  Before COMMIT, a failure puts the files
+  back and rolls back, still under both locks;
 * :meth:`JournalStore.append` -- one event: INSERT, confirm the stored row,
   replace ``head.json``.
 
@@ -22,9 +27,8 @@ import os
 import sqlite3
 import threading
 import time
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
-from . import forksafe
 from . import archive
 from .chain import Chain, PossibleReuse, apply_event
 from .database import Database, translate_sqlite_error
@@ -38,14 +42,17 @@ from .schema import (SQL_CHECKPOINT_PASSIVE, SQL_COUNT_EVENTS, SQL_DROP_TRIGGER,
                      SQL_SELECT_OPERATION_EVENTS, SQL_SELECT_PAYLOAD_AT,
                      SQL_SELECT_RAW_ROWS_BETWEEN, SQL_SELECT_ROW, SQL_VACUUM, TRIGGERS,
                      create_schema_rows, create_triggers)
+from .head_lock import HeadLock
 from .snapshot import VerifiedSnapshots
-from .writer_lock import writing_here
 
 logger = logging.getLogger(__name__)
 
 # A writer whose snapshot went stale under the lock (the schema changed, or the
 # files changed behind SQLite) verifies again this many times before it gives up.
 WRITE_ATTEMPTS = 3
+# Pauses between two tries of the writer lock while another writer holds it
+# (appends hold it for about a millisecond), never longer than the last.
+BEGIN_PAUSES_SECONDS = (0.0001, 0.0002, 0.0005, 0.001)
 
 
 class _StaleSnapshot(Exception):
@@ -57,8 +64,9 @@ class JournalStore(VerifiedSnapshots):
     """Verified snapshots and appends for one data directory.
 
     Arguments as :class:`journal.Journal`.  Not thread-safe by itself beyond
-    :attr:`lock`, which every caller holds around a snapshot or a write.
-    Raises only :class:`JournalError` subclasses.
+    :attr:`lock`, which every caller holds around a snapshot or a write (a
+    forked child gets a fresh one: the parent's may be held by a thread that
+    does not exist there).  Raises only :class:`JournalError` subclasses.
     """
 
     def __init__(self, data_dir: str, *, busy_timeout: float, readonly: bool, create: bool,
@@ -71,23 +79,34 @@ class JournalStore(VerifiedSnapshots):
         self.database = Database(data_dir, busy_timeout=busy_timeout, readonly=readonly,
                                  create=create)
         self.files = DurableFiles(data_dir)
-        self.lock = threading.RLock()
+        self.head_lock = HeadLock(data_dir, busy_timeout)
+        self._lock, self._lock_pid = threading.RLock(), os.getpid()
+        self._files_held = contextlib.ExitStack()
+        self._after_commit_steps: list = []
         self._temp_files_checked = False
         self._copies_seen: Optional[tuple] = None  # see archive.remove_stale_copies
         # (journal id, count, head) this store last verified: history it has seen
         # may never shrink or change under it (see _check_continues).
         self._verified: Optional[tuple] = None
+        # The code of the last verdict (None: the journal verified).
+        self.verdict: Optional[str] = None
         self.forget()
-        forksafe.register(self)
 
-    def _after_fork_in_child(self) -> None:
-        self.lock = threading.RLock()  # another thread may have held it at the fork
-        self.forget()
+    @property
+    def lock(self) -> "threading.RLock":
+        """This process's lock around every snapshot and write."""
+        if self._lock_pid != os.getpid():
+            self._lock, self._lock_pid = threading.RLock(), os.getpid()
+            self.forget()
+        return self._lock
 
     def close(self) -> None:
-        """Close the connection (idempotent)."""
+        """Close the connection (idempotent).  SQLite may fold the WAL into the
+        database only when this journal was last seen healthy, or when its WAL
+        was deleted while this connection still held it (folding then brings
+        its events back); otherwise every file is left as found."""
         with self.lock:
-            self.database.close()
+            self.database.close(fold=self.healthy or self.database.own_wal_deleted())
             self.files.forget()
             self.forget()
 
@@ -192,51 +211,84 @@ class JournalStore(VerifiedSnapshots):
         reach_boundary("inserted", kind)
         self._undo_checkpoint = {**chain.checkpoint(), "count": seq - 1, "head": previous}
         chain.count, chain.head = seq, new_hash
-        self.files.write_checkpoint(chain.checkpoint(), announce=kind)
+        self.replace_checkpoint(chain.checkpoint(), announce=kind)
+
+    def hold_files(self) -> None:
+        """Inside :meth:`writing`: hold the head lock exclusively (once) before
+        a file beside the database changes; released after COMMIT."""
+        if not self._files_held_now:
+            self._files_held.enter_context(self.head_lock.held(exclusive=True))
+            self._files_held_now = True
+
+    def _release_files(self) -> None:
+        self._files_held.close()
+        self._files_held_now = False
+
+    def replace_checkpoint(self, checkpoint: dict, *, announce: str) -> None:
+        """Inside :meth:`writing`: replace head.json, taking the head lock
+        after the new file's fsync, before its replace."""
+        self.files.write_checkpoint(checkpoint, announce=announce, before_replace=self.hold_files)
+
+    def after_commit(self, step) -> None:
+        """Inside :meth:`writing`: run ``step()`` right after COMMIT, still
+        holding the head lock (e.g. removing an archive intent)."""
+        self._after_commit_steps.append(step)
 
     # ------------------------------------------------------ transactions --
 
     @contextlib.contextmanager
-    def writing(self, kind: str, check_checkpoint: bool = True) -> Iterator[Chain]:
-        """Hold the writer lock (``BEGIN IMMEDIATE``) with a verified chain; commit
-        after a clean exit.  Before COMMIT, a failure puts head.json back (still
-        under the lock, only if this writer replaced it) and rolls back; a failed
-        COMMIT leaves head.json as written (``commit_failed``, see the module
-        docstring).  ``kind`` names the event for the boundary hook."""
+    def writing(self, kind: str, check_checkpoint: bool = True,
+                give_up: Optional[Callable[[Chain], None]] = None) -> Iterator[Chain]:
+        """Hold the writer lock (``BEGIN IMMEDIATE``) with a verified chain;
+        commit after a clean exit (see the module docstring for the order of
+        database and file work).  A failed COMMIT leaves head.json as written
+        (``commit_failed``, see journal.py).  ``kind`` names the event for the
+        boundary hook.  ``give_up(chain)``: asked with a fresh read while
+        another writer holds the lock; it raises to refuse at once instead of
+        waiting for a lock it would only be refused under."""
         if self.readonly:
             raise JournalUnavailable("storage_unavailable", "journal opened read-only")
-        with self.lock, writing_here(self.database.path):
-            chain, connection = self._locked_chain(kind, check_checkpoint)
-            self._appending = self._schema_changed = False
-            self._undo_checkpoint: Optional[dict] = None
-            self._undo_marker: Optional[tuple] = None
-            self.files.checkpoint_replaced = False
+        with self.lock:
+            self._files_held_now = False
+            self._after_commit_steps = []
             try:
-                yield chain
-            except BaseException:
-                self._abandon_transaction(connection)
-                raise
-            if connection.in_transaction:
+                chain, connection = self._locked_chain(kind, check_checkpoint, give_up)
+                self._appending = self._schema_changed = False
+                self._undo_checkpoint: Optional[dict] = None
+                self._undo_marker: Optional[tuple] = None
+                self.files.checkpoint_replaced = False
                 try:
-                    connection.execute("COMMIT")
-                except sqlite3.Error as exc:
-                    self.forget()
-                    with contextlib.suppress(sqlite3.Error):
-                        connection.execute("ROLLBACK")
-                    self.database.close()  # the next use sees what is durable
-                    raise JournalUnavailable(
-                        "commit_failed", f"COMMIT of the {kind} event failed ({exc}); it may or "
-                        "may not be durable, and head.json names it either way",
-                        event_kind=kind) from None
-            if kind:
-                reach_boundary("committed", kind)
-            self._after_commit(connection)
-            # The WAL this COMMIT went to must still be the journal's: if this
-            # process lost its POSIX locks meanwhile, another process may have
-            # checkpointed and removed it, and the event exists only in the
-            # orphaned file (docs/guard.md §In-process code).  wal_missing then;
-            # head.json names the event, so the state is checkpoint_ahead.
+                    yield chain
+                except BaseException:
+                    self._abandon_transaction(connection)
+                    raise
+                if connection.in_transaction:
+                    self._commit(connection, kind)
+                if kind:
+                    reach_boundary("committed", kind)
+                self._after_commit(connection)
+                for step in self._after_commit_steps:
+                    step()
+            finally:
+                self._release_files()
+            # The WAL this COMMIT went to must still be the journal's: if it was
+            # deleted meanwhile, the event exists only in the orphaned file
+            # (docs/guard.md §In-process code).  wal_missing then; head.json
+            # names the event, so the state is checkpoint_ahead.
             self.database.check_wal()
+
+    def _commit(self, connection: sqlite3.Connection, kind: str) -> None:
+        try:
+            connection.execute("COMMIT")
+        except sqlite3.Error as exc:
+            self.forget()
+            with contextlib.suppress(sqlite3.Error):
+                connection.execute("ROLLBACK")
+            self.database.close(fold=False)  # the next use sees what is durable
+            raise JournalUnavailable(
+                "commit_failed", f"COMMIT of the {kind} event failed ({exc}); it may or "
+                "may not be durable, and head.json names it either way",
+                event_kind=kind) from None
 
     def _abandon_transaction(self, connection: sqlite3.Connection) -> None:
         """Before COMMIT: head.json back to what it was (if this writer replaced
@@ -263,25 +315,25 @@ class JournalStore(VerifiedSnapshots):
             self.forget()
         self.database.remember_files()
 
-    def _locked_chain(self, kind: str, check_checkpoint: bool) -> tuple:
+    def _locked_chain(self, kind: str, check_checkpoint: bool,
+                      give_up: Optional[Callable[[Chain], None]]) -> tuple:
         """Verify on a snapshot, take the writer lock, catch up; returns
         ``(chain, connection)`` with the lock held."""
         for _ in range(WRITE_ATTEMPTS):
             chain = self.snapshot(check_files=False)
             connection = self.database.connection
-            try:
-                connection.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error as exc:
-                raise translate_sqlite_error(exc, "taking the journal writer lock") from None
+            self._begin_immediate(connection, give_up)
             try:
                 reach_boundary("begin", kind)
                 self._remove_leftovers_locked()
                 intent = archive.read_intent(self.data_dir)
                 if intent is not None:
+                    self.hold_files()
                     self._finish_archive_switch(connection, intent)
                     raise _StaleSnapshot()  # verify the state the switch left
                 chain = self._catch_up_locked(connection, chain)
-                if chain.count == 0:
+                if chain.count == 0 and self.create and not self.files.all_present():
+                    self.hold_files()
                     self._complete_initialization(chain)
                 if check_checkpoint:
                     self.check_files(chain)
@@ -289,6 +341,7 @@ class JournalStore(VerifiedSnapshots):
             except _StaleSnapshot:
                 with contextlib.suppress(sqlite3.Error):
                     connection.execute("ROLLBACK")
+                self._release_files()
                 self.forget()
             except BaseException:
                 with contextlib.suppress(sqlite3.Error):
@@ -297,6 +350,37 @@ class JournalStore(VerifiedSnapshots):
                 raise
         raise JournalUnavailable("database_locked", "the journal kept changing while it was "
                                  "being verified; nothing was written")
+
+    def _begin_immediate(self, connection: sqlite3.Connection,
+                         give_up: Optional[Callable[[Chain], None]]) -> None:
+        """``BEGIN IMMEDIATE`` within the busy timeout.  SQLite's own busy
+        handler backs off up to 100 ms between tries; here each try fails at
+        once while another writer holds the lock, the next comes within
+        milliseconds, and ``give_up`` is asked first with a fresh read (under
+        the normal busy timeout), so a call that would only be refused under
+        the lock is refused at once."""
+        deadline = None
+        attempt = 0
+        wait = f"PRAGMA busy_timeout = {int(self.database.busy_timeout * 1000)}"
+        try:
+            while True:
+                connection.execute("PRAGMA busy_timeout = 0")
+                try:
+                    connection.execute("BEGIN IMMEDIATE")
+                    return
+                except sqlite3.OperationalError as exc:
+                    now = time.monotonic()
+                    deadline = now + self.database.busy_timeout if deadline is None else deadline
+                    if "locked" not in str(exc).lower() or now >= deadline:
+                        raise
+                finally:
+                    connection.execute(wait)
+                if give_up is not None:
+                    give_up(self.snapshot(check_files=False))
+                time.sleep(BEGIN_PAUSES_SECONDS[min(attempt, len(BEGIN_PAUSES_SECONDS) - 1)])
+                attempt += 1
+        except sqlite3.Error as exc:
+            raise translate_sqlite_error(exc, "taking the journal writer lock") from None
 
     def _catch_up_locked(self, connection: sqlite3.Connection, chain: Chain) -> Chain:
         """Under the writer lock: what changed since the snapshot.  Cheap --
@@ -324,8 +408,7 @@ class JournalStore(VerifiedSnapshots):
         the marker -- under the writer lock (a concurrent creator may win: then
         its journal is used, and completed if it died half-way)."""
         try:
-            connection.execute("BEGIN IMMEDIATE")
-            try:
+            with self._begun(connection), self.head_lock.held(exclusive=True):  # in that order
                 self._remove_leftovers_locked()
                 genesis = self.database.read_genesis(connection, False)
                 if genesis is None:
@@ -337,13 +420,21 @@ class JournalStore(VerifiedSnapshots):
                         journal_id=journal_id, schema=schema, count=0,
                         head=genesis_hash(journal_id, schema)))
                 connection.execute("COMMIT")
-            finally:
-                if connection.in_transaction:
-                    connection.execute("ROLLBACK")
         except sqlite3.Error as exc:
             raise translate_sqlite_error(exc, "creating the journal") from None
         self.forget()
         return self.snapshot(check_files=False, complete_creation=False)
+
+    @contextlib.contextmanager
+    def _begun(self, connection: sqlite3.Connection) -> Iterator[None]:
+        """``BEGIN IMMEDIATE``, rolled back unless the body committed."""
+        connection.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        finally:
+            if connection.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    connection.execute("ROLLBACK")
 
     def _remove_leftovers_locked(self) -> None:
         """Writer lock held: remove the temporary files of dead writers and
@@ -392,7 +483,7 @@ class JournalStore(VerifiedSnapshots):
                       head=genesis_hash(journal_id, SCHEMA))
         self.append(fresh, {"kind": KIND_ARCHIVED, "archive": anchor})
         self._undo_checkpoint = old_checkpoint
-        self.files.write_marker(journal_id, SCHEMA, announce="archived_marker")
+        self.files.write_marker(journal_id, SCHEMA, announce="archived_marker")  # lock held
         self._chain = fresh
         return fresh
 
@@ -431,14 +522,12 @@ class JournalStore(VerifiedSnapshots):
         connection = self.database.connect()
         done = None
         try:
-            connection.execute("BEGIN IMMEDIATE")
-            try:
+            # Read under both locks: a live archiver holds the head lock until
+            # its intent is gone, so what is found here was left by a dead one.
+            with self._begun(connection), self.head_lock.held(exclusive=True):
                 intent = archive.read_intent(self.data_dir)
                 if intent is not None:
                     done = self._finish_archive_switch(connection, intent)
-            finally:
-                with contextlib.suppress(sqlite3.Error):
-                    connection.execute("ROLLBACK")
         except sqlite3.Error as exc:
             raise translate_sqlite_error(exc, "finishing an archive switch") from None
         self.forget()

@@ -1,38 +1,36 @@
-"""No process of ours ever folds and deletes the journal's WAL while another of
-our processes has the journal open (docs/guard.md §In-process code).
+"""The WAL keeper: nobody folds and deletes the journal's WAL while a process
+of ours has the journal open (docs/guard.md §In-process code).
 
-SQLite's locks are POSIX record locks: code inside a worker that opens and
-closes ``journal.sqlite3`` itself drops them all.  When the last connection of
-*another* process then closes, SQLite believes it is the last one anywhere,
-checkpoints the WAL into the database and deletes it -- while the worker still
-writes to its open, now unlinked, WAL: events committed there are lost.
+Before SQLite's last connection to a database closes, it takes an EXCLUSIVE
+lock on the database file -- a write lock over the *shared range*, 510 bytes
+from ``PENDING_BYTE + 2`` -- and only when it gets it does it checkpoint the
+WAL into the database and delete it.  SQLite's own locks are POSIX record
+locks, and code inside a worker that opens and closes ``journal.sqlite3``
+itself drops them all; another process -- a worker of ours, the ``sqlite3``
+shell, a backup tool -- then gets that lock at its close and deletes the WAL
+the worker still writes to: events committed there would be lost.
 
-So every process of ours with a read-write connection to a journal also holds
-an *open file description* lock (``F_OFD_SETLK``, Linux) for reading on one
-byte of ``journal.sqlite3`` that SQLite never locks (:data:`REGISTRY_OFFSET`).
-Such a lock belongs to the descriptor that took it: closing another
-descriptor of the file never drops it.  A process closes its last read-write
-connection the normal way (SQLite may then checkpoint and delete the WAL) only
-when no other descriptor holds that byte, i.e. no other process of ours has
-the journal open; otherwise the connection is *parked*: kept open and never
-closed by this process -- not even at interpreter exit (its reference count is
-pinned), so SQLite's close never runs and the WAL stays.  A parked connection
-is handed back to the next read-write opening of the same file in this
-process, so nothing accumulates.  Read-only connections never checkpoint or
-delete the WAL (they cannot take SQLite's exclusive lock) and take no part.
-Where open file description locks do not exist, connections close the normal
-way (SQLite's own protocol, which lost locks defeat).
+So every read-write connection of ours is opened under a keeper: an *open
+file description* lock for reading over the shared range (``F_OFD_SETLK``,
+Linux), on a descriptor of its own.  Such a lock belongs to that descriptor,
+not to the process, so no close elsewhere drops it, and it conflicts with
+every other lock holder's write lock over the range -- POSIX or OFD, of any
+process, this one included.  While any keeper holds it, no connection
+anywhere gets EXCLUSIVE, and the WAL stays.
+
+A connection closes with its keeper let go first only when its journal was
+last seen healthy (docs/format.md §Files): the last such process then lets
+SQLite fold the WAL as usual.  A process that refuses a journal keeps the
+keeper through the close, so a refusal changes no byte of it.  Where open file
+description locks do not exist, connections close the SQLite way (which lost
+locks defeat; docs/guard.md says so).
 """
 from __future__ import annotations
 
-import atexit
-import contextlib
-import ctypes
 import errno
 import os
-import sqlite3
 import struct
-import threading
+import time
 from typing import Optional
 
 from . import forksafe
@@ -42,179 +40,96 @@ try:
 except ImportError:  # Windows: nothing here to coordinate with
     fcntl = None  # type: ignore[assignment]
 
-# SQLite locks bytes 0x40000000 to 0x40000201 of a database; this one is far
-# beyond them (a lock may lie past the end of a file).
-REGISTRY_OFFSET = 1 << 62
+# SQLite's unix VFS (os_unix.c): PENDING_BYTE, then RESERVED, then the shared range.
+PENDING_BYTE = 0x40000000
+SHARED_FIRST = PENDING_BYTE + 2
+SHARED_SIZE = 510
 # ``struct flock`` on Linux (64-bit off_t): l_type, l_whence, l_start, l_len, l_pid.
 _FLOCK = "@hhqqi4x"
-_SUPPORTED = fcntl is not None and hasattr(fcntl, "F_OFD_SETLK")
+SUPPORTED = fcntl is not None and hasattr(fcntl, "F_OFD_SETLK")
 # A file system that refuses open file description locks with one of these:
-# its connections close the normal way.
+# its connections close the SQLite way.
 _NOT_SUPPORTED_HERE = frozenset(getattr(errno, name) for name in (
     "EINVAL", "EOPNOTSUPP", "ENOTSUP", "ENOLCK", "ENOSYS") if hasattr(errno, name))
-
-_LOCK = threading.Lock()
-# database path -> [registry descriptor, [open read-write connections], openings pending]
-_REGISTERED: dict = {}
-# database path -> [(file identity, connection)] parked connections (see above)
-_PARKED: dict = {}
-# Registry descriptors to close (see spare_descriptors).
-_SPARE: list = []
+_PAUSE_SECONDS = 0.002
 
 
-def register(database_path: str) -> None:
-    """Before a read-write connection to the existing ``database_path``
-    opens: hold the registry byte (a read lock of this process's own open file
-    description); follow with :func:`adopt` or :func:`unregister`.  Raises
-    ``OSError``."""
-    if not _SUPPORTED:
-        return
-    with _LOCK:
-        entry = _REGISTERED.get(database_path)
-        if entry is None:
-            descriptor = os.open(database_path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
-                                 | getattr(os, "O_CLOEXEC", 0))
+def _request(kind: int) -> bytes:
+    return struct.pack(_FLOCK, kind, os.SEEK_SET, SHARED_FIRST, SHARED_SIZE, 0)
+
+
+class WalKeeper:
+    """The keeper of one read-write connection to ``database_path``.
+
+    ``hold(timeout)`` takes the lock (raises ``OSError``; waits up to
+    ``timeout`` seconds while another process is closing the database with
+    SQLite's EXCLUSIVE lock); ``let_go()`` releases it before a healthy close;
+    ``close()`` gives the descriptor back after the connection closed (a
+    descriptor of the database: closed earlier, it would drop this process's
+    POSIX locks on the file).  Not thread-safe by itself.
+    """
+
+    def __init__(self, database_path: str):
+        self.path = database_path
+        self._descriptor: Optional[int] = None
+
+    def hold(self, timeout: float) -> None:
+        if not SUPPORTED:
+            return
+        descriptor = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        deadline = time.monotonic() + timeout
+        while True:
             try:
-                fcntl.fcntl(descriptor, fcntl.F_OFD_SETLK,
-                            struct.pack(_FLOCK, fcntl.F_RDLCK, os.SEEK_SET, REGISTRY_OFFSET, 1, 0))
+                fcntl.fcntl(descriptor, fcntl.F_OFD_SETLK, _request(fcntl.F_RDLCK))
+                break
             except OSError as exc:
-                _SPARE.append(descriptor)  # closed by the caller, never here (POSIX locks)
                 if exc.errno in _NOT_SUPPORTED_HERE:  # this file system: SQLite's rules only
+                    os.close(descriptor)
                     return
-                raise
-            except BaseException:
-                _SPARE.append(descriptor)
-                raise
-            entry = _REGISTERED[database_path] = [descriptor, [], 0]
-        entry[2] += 1
+                if exc.errno not in (errno.EAGAIN, errno.EACCES) or time.monotonic() > deadline:
+                    os.close(descriptor)
+                    raise
+            time.sleep(_PAUSE_SECONDS)  # another process is closing it right now
+        forksafe.close_in_child(descriptor)
+        self._descriptor = descriptor
+
+    def let_go(self) -> None:
+        """Release the lock, keeping the descriptor (never raises)."""
+        if self._descriptor is not None:
+            try:
+                fcntl.fcntl(self._descriptor, fcntl.F_OFD_SETLK, _request(fcntl.F_UNLCK))
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        """Release and give the descriptor back (idempotent, never raises)."""
+        descriptor, self._descriptor = self._descriptor, None
+        if descriptor is not None:
+            forksafe.forget(descriptor)
+            try:
+                os.close(descriptor)
+            except OSError:
+                pass
 
 
-def adopt(database_path: str, connection: sqlite3.Connection) -> None:
-    """The read-write connection :func:`register` announced is open."""
-    if not _SUPPORTED:
-        return
-    with _LOCK:
-        entry = _REGISTERED.get(database_path)
-        if entry is not None:  # None: this file system has no such locks
-            entry[2] -= 1
-            entry[1].append(connection)
-
-
-def unregister(database_path: str) -> None:
-    """The read-write connection :func:`register` announced did not open."""
-    if not _SUPPORTED:
-        return
-    with _LOCK:
-        entry = _REGISTERED.get(database_path)
-        if entry is not None:
-            entry[2] -= 1
-            _forget_if_unused(database_path)
-
-
-def spare_descriptors() -> list:
-    """Registry descriptors no longer needed, taken out: the caller closes
-    them through ``database.close_database_descriptor`` (a plain close while
-    a connection of this process has the file open would drop its locks)."""
-    with _LOCK:
-        spare, _SPARE[:] = list(_SPARE), []
-    return spare
-
-
-def take_parked(database_path: str, identity: tuple) -> Optional[sqlite3.Connection]:
-    """A parked connection to the same database file (``(st_dev, st_ino)``),
-    or None; call between :func:`register` and :func:`adopt`."""
-    with _LOCK:
-        parked = _PARKED.get(database_path, [])
-        for index, (found, connection) in enumerate(parked):
-            if found == identity:
-                del parked[index]
-                return connection
-    return None
-
-
-def close(database_path: str, identity: Optional[tuple],
-          connection: sqlite3.Connection) -> bool:
-    """Close a read-write connection, or park it when it is this process's
-    last one and another process of ours has the journal open (or this
-    process has parked one before).  Returns True when it was parked: it
-    stays open, and the caller keeps counting it as open.  Afterwards the
-    caller closes :func:`spare_descriptors`.  ``sqlite3.Error`` of the close
-    propagates."""
-    with _LOCK:
-        entry = _REGISTERED.get(database_path)
-        if entry is None:
-            connection.close()
-            return False
-        with contextlib.suppress(ValueError):
-            entry[1].remove(connection)
-        if entry[1] or entry[2]:  # another connection here keeps SQLite's shared lock
-            connection.close()
-            return False
-        if _PARKED.get(database_path) or not _alone(entry[0]):
-            _PARKED.setdefault(database_path, []).append((identity, connection))
-            ctypes.pythonapi.Py_IncRef(ctypes.py_object(connection))  # never finalized
-            return True
-        try:
-            connection.close()  # the only process of ours: SQLite may fold the WAL
-        finally:
-            _forget_if_unused(database_path)
-        return False
-
-
-def _alone(descriptor: int) -> bool:
-    """Whether no other open file description holds the registry byte (a
-    write lock there would conflict with nothing).  Undecidable: not alone."""
+def journal_open_elsewhere(database_path: str) -> Optional[bool]:
+    """Whether any connection anywhere has the journal open: a keeper of ours,
+    or any SQLite connection (its shared lock), in any process.  Ask with no
+    connection of this process open to it (this process's own locks count
+    too).  None when this platform cannot tell; False when the file is gone.
+    Never raises."""
+    if not SUPPORTED:
+        return None
     try:
-        found = fcntl.fcntl(descriptor, fcntl.F_OFD_GETLK,
-                            struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, REGISTRY_OFFSET, 1, 0))
-    except OSError:
+        descriptor = os.open(database_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
         return False
-    return struct.unpack(_FLOCK, found)[0] == fcntl.F_UNLCK
-
-
-def _forget_if_unused(database_path: str) -> None:
-    """Lock held: drop a registration with nothing open, parked or pending
-    (its descriptor goes to :func:`spare_descriptors`)."""
-    entry = _REGISTERED.get(database_path)
-    if entry is None or entry[1] or entry[2] or _PARKED.get(database_path):
-        return
-    del _REGISTERED[database_path]
-    _SPARE.append(entry[0])
-
-
-@atexit.register
-def _keep_the_wal_at_exit() -> None:
-    """At exit, every read-write connection still open (or parked) is pinned
-    so that the interpreter's teardown never closes it, unless no other
-    process of ours is connected: then they close the normal way."""
-    with _LOCK:
-        for database_path, entry in list(_REGISTERED.items()):
-            connections = entry[1] + [connection for _, connection
-                                      in _PARKED.get(database_path, [])]
-            alone = _alone(entry[0])
-            for connection in connections:
-                if alone:
-                    with contextlib.suppress(sqlite3.Error):
-                        connection.close()
-                else:
-                    ctypes.pythonapi.Py_IncRef(ctypes.py_object(connection))
-
-
-class _ForkReset:
-    """A forked child holds no connection of the parent's: it forgets the
-    registrations without unlocking (the flock is shared with the parent)
-    and never closes the parked connections."""
-
-    def _after_fork_in_child(self) -> None:
-        global _LOCK
-        _LOCK = threading.Lock()
-        for parked in _PARKED.values():
-            for _, connection in parked:
-                forksafe.abandon(connection)
-        _PARKED.clear()
-        _REGISTERED.clear()  # the descriptors stay open: the lock is the parent's
-        _SPARE.clear()
-
-
-_FORK_RESET = _ForkReset()
-forksafe.register(_FORK_RESET)
+    except OSError:
+        return None
+    try:
+        found = fcntl.fcntl(descriptor, fcntl.F_OFD_GETLK, _request(fcntl.F_WRLCK))
+        return struct.unpack(_FLOCK, found)[0] != fcntl.F_UNLCK
+    except OSError:
+        return None
+    finally:
+        os.close(descriptor)

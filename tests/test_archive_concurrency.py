@@ -451,17 +451,17 @@ class FullDisk(ArchiverCase):
 
 class OutcomeStillOut(ArchiverCase):
     """No archive while any call's outcome can still arrive, whatever happened
-    to owner.lock."""
+    to its lock file."""
 
     def test_no_archive_while_a_resolved_call_runs_after_its_lock_file_was_deleted(self):
         worker = Paused(self, WAITING_WORKER, self.data_dir, "slow")
         self.assertEqual(worker.first_line, "running")
-        os.unlink(os.path.join(self.data_dir, "owner.lock"))
         [operation] = run_cli(self.data_dir, "status")[1]["unresolved"]
+        os.unlink(os.path.join(self.data_dir, "calls", operation["operation_id"]))
         code, _, text = run_cli(self.data_dir, "resolve", operation["operation_id"], "--outcome",
                                 "not_applied", "--force", "--evidence", "the worker looked gone")
         self.assertEqual(code, 0, text)
-        # Another worker makes a new owner.lock, runs a call and lets it go.
+        # Another worker runs a call and lets its own lock go.
         self.assertEqual(book_in_new_process(self.data_dir, "other")[0], BOOKED)
         before = logical_snapshot(self)
         code, refused, text = run_cli(self.data_dir, "archive")

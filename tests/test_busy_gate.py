@@ -7,9 +7,9 @@ downstream).  The operator follows the README's step 6 and resolves it with
 says ``open`` (exit 0 with ``--check``) and lists the still running worker
 under ``resolved_running``; ``archive`` is refused while that worker may
 still record its late outcome; when it finally ends, its late outcome is
-recorded and the moved-aside lock file disappears.  The same holds when the
-resolution was appended without moving the lock aside (an older operator
-command): the next protected call moves it itself.
+recorded and its call lock (``calls/<operation id>``, held by that worker
+alone all along: nothing is moved) disappears.  The same holds for a
+resolution appended through the journal directly, not the CLI.
 """
 from __future__ import annotations
 
@@ -57,9 +57,10 @@ class ResolvedCallNeverKeepsTheProfileBusy(OperatorTestCase):
         self.assertEqual(completed.returncode, 0, completed.stderr)
         return json.loads(completed.stdout)
 
-    def retired_files(self):
-        return sorted(name for name in os.listdir(self.data_dir)
-                      if name.startswith("owner.lock."))
+    def call_files(self):
+        """The call locks in the data directory (storage/call_lock.py)."""
+        calls = os.path.join(self.data_dir, "calls")
+        return sorted(os.listdir(calls)) if os.path.isdir(calls) else []
 
     def finish(self, child, operation_id):
         """Let the hung worker end; its late outcome is recorded."""
@@ -100,24 +101,24 @@ class ResolvedCallNeverKeepsTheProfileBusy(OperatorTestCase):
         forced = self.cli("resolve", operation_id, "--outcome", "completed", "--force",
                           "--evidence", "worker hung on a dead socket; bank shows payment P-7")
         self.assertTrue(forced["forced"])
-        self.assertEqual(self.retired_files(), [f"owner.lock.{operation_id}"])
+        self.assertEqual(self.call_files(), [operation_id])  # the hung call's own lock
         self.assertProfileOpenWhileWorkerRuns(child, operation_id)
 
         self.finish(child, operation_id)
-        self.assertEqual(self.one_call()["ran"], 1)  # also removes the released lock file
-        self.assertEqual(self.retired_files(), [])
+        self.assertEqual(self.call_files(), [])
+        self.assertEqual(self.one_call()["ran"], 1)
         self.cli("acknowledge", operation_id, "--evidence", "one payment P-7, as resolved")
         self.assertEqual(self.cli("archive")["archived"]["count"], 10)
         self.assertVerifies()
 
-    def test_a_resolution_that_left_the_lock_in_place_is_moved_by_the_next_call(self):
+    def test_a_resolution_appended_through_the_journal_opens_the_profile_too(self):
         child = self.start_hanging_child()
         [operation] = self.cli("status")["unresolved"]
         operation_id = operation["operation_id"]
-        with Journal(self.data_dir, create=False) as journal:  # no move of owner.lock here
+        with Journal(self.data_dir, create=False) as journal:  # not through the CLI
             journal.resolve(operation_id, outcome="not_applied", forced=True,
                             evidence="worker hung; no charge in the ledger")
-        self.assertEqual(self.retired_files(), [])
+        self.assertEqual(self.call_files(), [operation_id])
         status = self.cli("status", "--check")
         self.assertEqual((status["gate"], status["in_flight"]), ("open", None))
         self.assertEqual([entry["operation_id"] for entry in status["resolved_running"]],
@@ -129,7 +130,7 @@ class ResolvedCallNeverKeepsTheProfileBusy(OperatorTestCase):
         guard.close()
 
         self.assertEqual(self.one_call()["ran"], 1)
-        self.assertEqual(self.retired_files(), [f"owner.lock.{operation_id}"])
+        self.assertEqual(self.call_files(), [operation_id])
         self.assertProfileOpenWhileWorkerRuns(child, operation_id)
         self.finish(child, operation_id)
         self.assertVerifies()
@@ -184,7 +185,7 @@ class ResolvedCallNeverKeepsTheProfileBusy(OperatorTestCase):
         self.assertEqual(self.cli("archive", expect=1)["error"]["code"], "owner_running")
 
         # A sibling is running when the hung call returns: the hung call lets go
-        # of its own locks only, so the sibling still keeps the profile busy.
+        # of its own lock only, so the sibling still keeps the profile busy.
         release_sibling, sibling_thread, sibling_results = self.hang_in_thread(guard, "late")
         release_hung.set()
         hung_thread.join(CHILD_TIMEOUT_SECONDS)
@@ -201,6 +202,6 @@ class ResolvedCallNeverKeepsTheProfileBusy(OperatorTestCase):
         sibling_thread.join(CHILD_TIMEOUT_SECONDS)
         self.assertEqual(sibling_results, [{"status": "paid", "call": "late"}])
         self.assertEqual(self.one_call()["ran"], 1)
-        self.assertEqual(self.retired_files(), [])
+        self.assertEqual(self.call_files(), [])
         guard.close()
         self.assertVerifies()

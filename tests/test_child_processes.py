@@ -1,6 +1,6 @@
 """A protected tool that forks (docs/guard.md §Child processes), with real
 processes: a long-lived child started by multiprocessing's fork start method
-or by os.fork keeps neither the owner lock nor the journal's connection, so
+or by os.fork keeps neither a call lock nor the journal's connection, so
 later calls from this process and from a fresh worker run; a forked child that
 calls the guard itself is refused and leaves the parent's call intact.
 """
@@ -17,7 +17,7 @@ from reliability_support import ReliabilityCase, one_call_in_a_fresh_worker
 from support import run_cli
 
 from crash_recovery.guard import RecoveryGuard
-from crash_recovery.storage.owner import probe_lock
+from crash_recovery.storage.call_lock import held_calls
 
 
 def _sleep_forever():
@@ -45,7 +45,7 @@ class ChildProcesses(ReliabilityCase):
         return children[0]
 
     def assert_later_calls_run(self, guard):
-        self.assertIsNone(probe_lock(self.data_dir), "a child still holds owner.lock")
+        self.assertEqual(held_calls(self.data_dir), [], "a child still holds a call lock")
         status = run_cli(self.data_dir, "status")[1]
         self.assertEqual((status["gate"], status["in_flight"], status["unresolved"]),
                          ("open", None, []))

@@ -53,7 +53,7 @@ CREATION_KILLS = ("tables_committed:genesis",
                   "checkpoint_replaced:marker", "directory_fsynced:marker")
 # Names the data directory may hold; anything else is an accumulated temp file.
 ALLOWED_FILES = {"journal.sqlite3", "journal.sqlite3-wal", "journal.sqlite3-shm", "head.json",
-                 "initialized", "owner.lock", "operator.log"}
+                 "initialized", "calls", "operator.log"}
 # A writer's temp file: <target>.<pid>-<random>.tmp (docs/format.md §Files).
 TEMP_FILE = re.compile(r"(head\.json|initialized)\.\d+-[0-9a-f]{8}\.tmp")
 

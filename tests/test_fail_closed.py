@@ -250,7 +250,7 @@ class AfterDownstream(ReliabilityCase):
             with self.subTest(step):
                 shutil.rmtree(self.data_dir, ignore_errors=True)
                 guard = RecoveryGuard(self.data_dir, busy_timeout=0.2, full_verification=True)
-                LIVE["journal"] = guard._open()[0]
+                LIVE["journal"] = guard._open()
                 self.addCleanup(LIVE.update, journal=None)
                 downstream = Counter(injection)
                 try:
@@ -284,7 +284,7 @@ class AfterDownstream(ReliabilityCase):
 
     def test_downstream_raising_and_recording_failing(self):
         guard = RecoveryGuard(self.data_dir)
-        LIVE["journal"] = guard._open()[0]
+        LIVE["journal"] = guard._open()
         self.addCleanup(LIVE.update, journal=None)
         downstream = Counter(lambda: connect_failing("INSERT INTO events"), raise_=True)
         try:

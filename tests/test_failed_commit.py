@@ -29,7 +29,7 @@ from crash_recovery.guard import RecoveryGuard
 from crash_recovery.journal import Journal
 from crash_recovery.storage import durable
 from crash_recovery.storage.database import Database
-from crash_recovery.storage.owner import probe_lock
+from crash_recovery.storage.call_lock import held_calls
 
 REAL_CONNECT = sqlite3.connect
 TIMEOUT_SECONDS = 60
@@ -162,7 +162,8 @@ STALLING_WORKER = textwrap.dedent("""
 """).format(tests=TESTS)
 
 # The operator CLI (argv[2:] are its words) that writes one line to the file
-# descriptor argv[1] once it has verified and is about to take the writer lock.
+# descriptor argv[1] as its writer starts to read the journal: from there it
+# waits for the stalled append's locks (the head lock, then the writer lock).
 ANNOUNCING_CLI = textwrap.dedent("""
     import os, sys
     sys.path.insert(0, {tests!r})
@@ -173,10 +174,9 @@ ANNOUNCING_CLI = textwrap.dedent("""
     real_snapshot = store.JournalStore.snapshot
 
     def snapshot(self, **options):
-        chain = real_snapshot(self, **options)
-        if options.get("check_files") is False:  # the writer's, just before BEGIN IMMEDIATE
-            os.write(announce, b"taking_writer_lock\\n")
-        return chain
+        if options.get("check_files") is False:  # the writer's read before BEGIN IMMEDIATE
+            os.write(announce, b"waiting_for_the_journal\\n")
+        return real_snapshot(self, **options)
 
     store.JournalStore.snapshot = snapshot
     sys.exit(operator_cli.main(sys.argv[2:]))
@@ -190,7 +190,7 @@ class RestoreUnderTheLock(ReliabilityCase):
     def test_forced_resolution_during_a_failing_append_stands(self):
         worker = start_worker(self, STALLING_WORKER, self.data_dir)
         self.assertEqual(next_message(self, worker), {"stalled": True})
-        operation = probe_lock(self.data_dir)["operation_id"]
+        [operation] = [call["operation_id"] for call in held_calls(self.data_dir)]
         announcements, announce = os.pipe()
         resolver = subprocess.Popen(
             [sys.executable, "-c", ANNOUNCING_CLI, str(announce), "--data-dir", self.data_dir,
@@ -201,11 +201,11 @@ class RestoreUnderTheLock(ReliabilityCase):
         os.close(announce)
         with os.fdopen(announcements) as stream:
             announced = stream.readline()
-        if announced != "taking_writer_lock\n":
+        if announced != "waiting_for_the_journal\n":
             output, errors = resolver.communicate(timeout=TIMEOUT_SECONDS)
             self.fail(f"the resolve said {announced!r} on its lock pipe; stdout {output!r}, "
                       f"stderr {errors!r}")
-        tell(worker)  # the append fails while the resolve waits for the writer lock
+        tell(worker)  # the append fails while the resolve waits for its locks
         self.assertEqual(json.loads(next_message(self, worker)["result"])["error"],
                          "crash_recovery_record_failed")
         output, errors = resolver.communicate(timeout=TIMEOUT_SECONDS)

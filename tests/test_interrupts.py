@@ -14,7 +14,8 @@ from reliability_support import ProtectedCallCase, ReliabilityCase, Tool, call
 
 from crash_recovery import guard as guard_module
 from crash_recovery.guard import RecoveryGuard
-from crash_recovery.storage.owner import probe_lock, probe_owner
+from crash_recovery.storage import call_lock as call_lock_module
+from crash_recovery.storage.call_lock import held_calls, probe_owner
 
 
 class InterruptingBinding:
@@ -34,11 +35,27 @@ class InterruptingBinding:
         raise KeyboardInterrupt
 
 
+class InterruptingUnlock:
+    """``fcntl`` of storage/call_lock.py, but unlocking is interrupted
+    (KeyboardInterrupt) before it happens."""
+
+    def __init__(self, real):
+        self.real = real
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    def flock(self, descriptor, operation):
+        if operation == self.real.LOCK_UN:
+            raise KeyboardInterrupt
+        return self.real.flock(descriptor, operation)
+
+
 class LockRelease(ReliabilityCase):
-    """An interrupt while a call releases its binding or its owner lock."""
+    """An interrupt while a call releases its binding or its call lock."""
 
     def test_an_interrupt_while_releasing_never_leaves_a_lock_held(self):
-        for step in ("reset", "owner"):
+        for step in ("reset", "call_lock"):
             with self.subTest(step):
                 shutil.rmtree(self.data_dir, ignore_errors=True)
                 guard = RecoveryGuard(self.data_dir)
@@ -47,14 +64,11 @@ class LockRelease(ReliabilityCase):
                 target = (mock.patch.object(guard_module, "ADMISSION",
                                             InterruptingBinding(guard_module.ADMISSION))
                           if step == "reset"
-                          else mock.patch.object(type(guard._owner), "release",
-                                                 side_effect=KeyboardInterrupt))
+                          else mock.patch.object(call_lock_module, "fcntl",
+                                                 InterruptingUnlock(call_lock_module.fcntl)))
                 with target, self.assertRaises(KeyboardInterrupt):
                     call(guard, Tool(), "c1")
-                self.assertFalse(guard._in_flight.locked())
-                if step == "reset":
-                    self.assertIsNone(probe_lock(self.data_dir))
-                guard._owner.release()
+                self.assertEqual(held_calls(self.data_dir), [])
                 self.assertEqual(call(guard, Tool(), "c2"), '{"status": "booked"}')
 
 
@@ -72,7 +86,7 @@ class InterruptAfterAdmission(ProtectedCallCase):
         [operation] = guard._journal.unresolved()
         self.assertEqual(operation.state, "pending")
         self.assertEqual(probe_owner(self.data_dir, operation.operation_id)["owner"], "gone")
-        # Neither the in-process lock nor a binding leaked: the retry meets the gate.
+        # Neither a lock nor a binding leaked: the retry meets the gate.
         self.assertEqual(self.blocked_code(self.call(guard, tool)), "unresolved_operations")
         self.assertEqual(tool.calls, 0)
         guard.close()

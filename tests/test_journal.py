@@ -285,10 +285,10 @@ class BlockingStatesTests(JournalTestCase):
         self.assertEqual(self.snapshot(), before)
         self.assertEqual(sorted(name for name in os.listdir(self.data_dir)
                                 if name not in ("journal.sqlite3-wal", "journal.sqlite3-shm",
-                                                "owner.lock")),
+                                                "calls")),
                          sorted(name for name in listing
                                 if name not in ("journal.sqlite3-wal", "journal.sqlite3-shm",
-                                                "owner.lock")))
+                                                "calls")))
 
     def test_crash_between_replace_and_commit_leaves_checkpoint_ahead(self):
         self.make_journal()
@@ -330,7 +330,7 @@ class BlockingStatesTests(JournalTestCase):
                 self.setUp()
                 self.make_journal()
                 for name in os.listdir(self.data_dir):
-                    if name != survivor and name != "owner.lock":
+                    if name != survivor and name != "calls":
                         os.unlink(os.path.join(self.data_dir, name))
                 if not os.path.exists(os.path.join(self.data_dir, survivor)):
                     with open(os.path.join(self.data_dir, survivor), "wb"):

@@ -1,10 +1,15 @@
-"""Lost POSIX locks (docs/guard.md §In-process code), with real processes:
-something else in the worker process opens and closes ``journal.sqlite3``,
-which drops every POSIX lock the process holds on it; another process's clean
-close then checkpoints and removes the WAL.  No protected call is ever
-admitted into the lost WAL -- neither by an idle worker nor inside a
-``started`` append -- and the operator's path brings the lost ``started`` back
-as an open operation.
+"""Lost POSIX locks and a vanished WAL (docs/guard.md §In-process code), with
+real processes: something else in the worker process opens and closes
+``journal.sqlite3``, which drops every POSIX lock the process holds on it.
+
+* A process that does not run the plugin (the ``sqlite3`` shell, a backup
+  tool) then opens the journal and closes it: SQLite would fold and delete the
+  WAL at that close, but the worker's WAL keeper (an open file description lock
+  no close elsewhere drops) stops it.  The WAL stays, and so does every event.
+* Someone deletes the WAL by hand under the worker: no protected call is ever
+  admitted into the lost file -- neither by an idle worker nor inside a
+  ``started`` append -- and the operator's path brings the lost ``started``
+  back as an open operation.
 """
 from __future__ import annotations
 
@@ -61,18 +66,18 @@ LIVE_WORKER = textwrap.dedent("""
 """).format(tests=TESTS)
 
 
-def close_once(data_dir):
-    """Another process opens the journal and closes it cleanly (a CLI, a
-    worker exiting): if it believes it is the last connection, SQLite
-    checkpoints and removes the WAL on close."""
+def close_once(data_dir, statement="SELECT count(*) FROM events"):
+    """A process that does not run the plugin opens the journal, runs
+    ``statement`` and closes it cleanly: if it believes it is the last
+    connection, SQLite checkpoints and removes the WAL on close."""
     subprocess.run([sys.executable, "-c", "import sqlite3, sys\n"
-                    "c = sqlite3.connect(sys.argv[1]); c.execute('SELECT count(*) FROM events')"
-                    ".fetchone(); c.close()", os.path.join(data_dir, "journal.sqlite3")],
+                    "c = sqlite3.connect(sys.argv[1]); c.execute(sys.argv[2]).fetchall(); "
+                    "c.close()", os.path.join(data_dir, "journal.sqlite3"), statement],
                    check=True, timeout=WORKER_TIMEOUT_SECONDS)
 
 
 class LostPosixLocks(ReliabilityCase):
-    """A protected call is never admitted into a WAL that is gone."""
+    """The WAL outlives lost locks; a call is never admitted into a WAL that is gone."""
 
     def start_worker(self):
         self.service = os.path.join(self.root, "service.txt")
@@ -86,23 +91,49 @@ class LostPosixLocks(ReliabilityCase):
         with open(self.service) as stream:
             return stream.read().split()
 
-    def test_idle_worker_refuses_after_its_wal_was_removed(self):
+    def wal_identity(self):
+        found = os.stat(os.path.join(self.data_dir, "journal.sqlite3-wal"))
+        return found.st_dev, found.st_ino
+
+    def test_a_foreign_close_after_lost_locks_keeps_the_wal_and_every_event(self):
+        worker = self.start_worker()
+        self.assertEqual(self.say(worker, "call a")["result"], '{"status": "booked"}')
+        wal = self.wal_identity()
+        self.assertEqual(self.say(worker, "sniff"), {"sniffed": True})
+        close_once(self.data_dir)
+        self.assertEqual(self.wal_identity(), wal, "the foreign close deleted the WAL")
+        self.assertEqual(self.say(worker, "hook_sniff"), {"armed": True})
+        self.assertEqual(self.say(worker, "call b"), {"sniffed": True})
+        close_once(self.data_dir)  # inside the started append, head.json already replaced
+        self.assertEqual(self.say(worker, "go")["result"], '{"status": "booked"}')
+        self.assertEqual(self.wal_identity(), wal)
+        self.assertEqual(self.bookings(), ["a", "b"])
+        worker.kill()
+        worker.wait()  # no clean close: every event must be in the files as they are
+        code, log, stdout = run_cli(self.data_dir, "log")
+        self.assertEqual(code, 0, stdout)
+        self.assertEqual([(event["kind"], event.get("tool_call_id")) for event in log["events"]],
+                         [("started", "a"), ("returned", None), ("started", "b"),
+                          ("returned", None)])
+        self.assertVerifies()
+
+    def test_idle_worker_refuses_after_its_wal_was_deleted(self):
         worker = self.start_worker()
         self.assertEqual(self.say(worker, "call a")["result"], '{"status": "booked"}')
         self.assertEqual(self.say(worker, "sniff"), {"sniffed": True})
-        close_once(self.data_dir)
-        self.assertFalse(os.path.exists(os.path.join(self.data_dir, "journal.sqlite3-wal")))
+        os.unlink(os.path.join(self.data_dir, "journal.sqlite3-wal"))
         for name in ("b", "c", "d"):  # not one call is admitted into the lost WAL
             refused = json.loads(self.say(worker, f"call {name}")["result"])
             self.assertEqual(refused["code"], "wal_missing")
         self.assertEqual(self.bookings(), ["a"])
 
-    def test_wal_removed_inside_a_started_append_never_runs_the_tool(self):
+    def test_wal_deleted_inside_a_started_append_never_runs_the_tool(self):
         worker = self.start_worker()
         self.assertEqual(self.say(worker, "call a")["result"], '{"status": "booked"}')
         self.assertEqual(self.say(worker, "hook_sniff"), {"armed": True})
         self.assertEqual(self.say(worker, "call b"), {"sniffed": True})
-        close_once(self.data_dir)  # checkpoints the committed events, removes the WAL
+        close_once(self.data_dir, "PRAGMA wal_checkpoint(PASSIVE)")  # copies what is committed
+        os.unlink(os.path.join(self.data_dir, "journal.sqlite3-wal"))
         refused = json.loads(self.say(worker, "go")["result"])
         self.assertEqual(refused["code"], "wal_missing")
         self.assertEqual(self.bookings(), ["a"])  # b never ran
@@ -110,6 +141,7 @@ class LostPosixLocks(ReliabilityCase):
         worker.wait()
         # The operator's path: the started event is lost with the WAL; head.json
         # names it.  The repair brings it back as an open operation.
+        os.unlink(os.path.join(self.data_dir, "journal.sqlite3-shm"))  # the dead worker's
         code, status, _ = run_cli(self.data_dir, "status")
         self.assertEqual((code, status["integrity"]), (1, "checkpoint_ahead"))
         code, repaired, _ = run_cli(self.data_dir, "repair-checkpoint", "--evidence",
@@ -122,7 +154,6 @@ class LostPosixLocks(ReliabilityCase):
         self.assertEqual(json.loads(one_call_in_a_fresh_worker(self)["result"])["code"],
                          "unresolved_operations")
         self.assertVerifies()
-
 
 if __name__ == "__main__":
     unittest.main()

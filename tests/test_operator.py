@@ -1,6 +1,6 @@
 """Operator experience, on real processes and files.
 
-* the owner lock across a real child process that runs a protected call
+* the call lock across a real child process that runs a protected call
   through RecoveryGuard and blocks inside downstream: ``running`` while it
   runs (``resolve`` refuses unless ``--force``), ``gone`` after SIGKILL;
 * ``repair-checkpoint`` after a real crash injected between the checkpoint's
@@ -182,9 +182,9 @@ class OperatorTestCase(JournalTestCase):
         self.assertEqual(calls, [])
 
 
-# ------------------------------------------------------------ owner lock --
+# ------------------------------------------------------------- call lock --
 
-class OwnerLockTest(OperatorTestCase):
+class CallLockOwnerTest(OperatorTestCase):
 
     def test_running_owner_blocks_resolve_unless_forced(self):
         child = self.start_hanging_child()
@@ -256,8 +256,8 @@ class OwnerLockTest(OperatorTestCase):
         [operation] = self.cli("status")["unresolved"]
         self.assertEqual((operation["owner"], operation["state"]), ("gone", "pending"))
         self.assertEqual(self.cli("show", operation_id)["operation"]["owner"], "gone")
-        # The dead worker's tag stays as evidence: it names the pid that held the call.
-        with open(os.path.join(self.data_dir, "owner.lock"), encoding="utf-8") as stream:
+        # The dead worker's call lock stays as evidence: it names the pid that ran it.
+        with open(os.path.join(self.data_dir, "calls", operation_id), encoding="utf-8") as stream:
             self.assertEqual(json.load(stream)["pid"], child.pid)
         self.assertBlocks(operation_id)
 

@@ -6,10 +6,11 @@ processes and files.
   protected call is refused ``database_locked``, and ``status`` says so too
   (exit 1, ``database_locked`` naming the holder's pid, ``gate_closed 1``)
   instead of ``open``; once the holder lets go, ``status`` is ``open`` again.
-* A process holds ``owner.lock`` for an operation the journal does not show
-  (stuck between taking the lock and recording its call, or foreign): every
-  call is refused ``operation_in_flight``, and ``status`` says
-  ``owner_lock_stuck`` naming it once that lasts twice the busy timeout.
+* A process holds a call lock (``calls/<operation id>``) for an operation the
+  journal does not show (stuck between taking its lock and recording its
+  call, or foreign): no lock of the profile as a whole exists, so protected
+  calls still run, and only ``archive`` waits for it (``owner_running``
+  naming its pid), as for any call that is out.
 * A process out of file descriptors reports ``storage_unavailable`` on every
   surface (status, the model's tool, a protected call), never an integrity
   verdict such as ``archive_interrupted`` about an archive that does not exist.
@@ -39,10 +40,11 @@ sys.stdin.readline()
 connection.execute("ROLLBACK")
 '''
 
-# argv: OWNER_LOCK.  Holds owner.lock with a tag naming no call of the journal
-# (a stuck or foreign process), says "held", waits for a line.
+# argv: CALL_LOCK.  Holds a call lock naming no call of the journal (a stuck
+# or foreign process), says "held", waits for a line.
 FOREIGN_OWNER = r'''
 import fcntl, json, os, sys
+os.makedirs(os.path.dirname(sys.argv[1]), exist_ok=True)
 descriptor = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
 fcntl.flock(descriptor, fcntl.LOCK_EX)
 os.pwrite(descriptor, json.dumps({"operation_id": "8f0e2a52-5c1b-4c5e-9d57-6f1f7d6c0b11",
@@ -137,24 +139,28 @@ class RefusedProfileShows(JournalTestCase):
         guard.close()
         self.assertVerifies()
 
-    def test_a_stuck_owner_lock_holder_shows_in_status(self):
-        holder = self.start_holder(FOREIGN_OWNER, "owner.lock", "held")
+    def test_a_stuck_call_lock_holder_never_blocks_calls_and_holds_only_archive(self):
+        holder = self.start_holder(FOREIGN_OWNER, "calls/8f0e2a52-5c1b-4c5e-9d57-6f1f7d6c0b11",
+                                   "held")
         guard = RecoveryGuard(self.data_dir)
         self.addCleanup(guard.close)
-        self.assertRefused(guard, "operation_in_flight")
+        self.assertEqual(guard.tool_execution(tool_name="book_trip", args={}, next_call=dict,
+                                              session_id="s", tool_call_id="during"), {})
         with Journal(self.data_dir, readonly=True, busy_timeout=0.2) as reader:
             report = status_report(reader, self.data_dir)
-        self.assertEqual((report["ok"], report["gate"], report["error"]["code"],
-                          report["error"]["owner"]["pid"]),
-                         (False, "closed", "owner_lock_stuck", holder.pid))
+        self.assertEqual((report["ok"], report["gate"], report["in_flight"],
+                          report["resolved_running"]), (True, "open", None, []))
+        code, refused, stdout = run_cli(self.data_dir, "archive")
+        self.assertEqual((code, refused["error"]["code"], refused["error"]["owner"]["pid"]),
+                         (1, "owner_running", holder.pid), stdout)
         holder.stdin.write("\n")
         holder.stdin.flush()
         self.assertEqual(holder.wait(CHILD_TIMEOUT_SECONDS), 0)
-        with Journal(self.data_dir, readonly=True, busy_timeout=0.2) as reader:
-            self.assertEqual(status_report(reader, self.data_dir)["gate"], "open")
-        self.assertEqual(guard.tool_execution(tool_name="book_trip", args={}, next_call=dict,
-                                              session_id="s", tool_call_id="after"), {})
         guard.close()
+        code, archived, stdout = run_cli(self.data_dir, "archive")
+        self.assertEqual((code, archived["archived"]["count"]), (0, 4), stdout)
+        # The dead holder's leftover was removed under the writer lock.
+        self.assertEqual(os.listdir(os.path.join(self.data_dir, "calls")), [])
         self.assertVerifies()
 
     def test_out_of_descriptors_is_storage_unavailable_on_every_surface(self):

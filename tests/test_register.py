@@ -122,7 +122,7 @@ class RegisterTests(JournalTestCase):
 
     def test_relative_imports_resolve_inside_the_package(self):
         self.assertEqual(self.plugin.__name__, PACKAGE)
-        for submodule in ("guard", "journal", "classify", "storage.owner", "reports.messages",
+        for submodule in ("guard", "journal", "classify", "storage.call_lock", "reports.messages",
                           "admission.gate", "reconciliation.commands", "host.hermes"):
             self.assertIn(f"{PACKAGE}.{submodule}", sys.modules)
         self.assertEqual(self.plugin.RecoveryGuard.__module__, f"{PACKAGE}.guard")

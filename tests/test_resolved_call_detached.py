@@ -1,7 +1,7 @@
-"""A call an operator resolved while it hung, after another call of its
-process took the slot (docs/cli.md §Owner): a child it forks never runs a
-protected call outside the journal, and ``status`` lists it exactly once even
-when its lock is moved aside while ``status`` reads.
+"""A call an operator resolved while it hung, while other calls of its
+process run (docs/cli.md §Owner): a child it forks never runs a protected
+call outside the journal, and ``status`` lists it exactly once, beside a
+sibling call that is running.
 
 The hung call is a real thread of this process blocked in its downstream;
 the child is a real ``os.fork``; the lock files are the real ones.
@@ -17,7 +17,6 @@ from support import JournalTestCase
 from crash_recovery.guard import RecoveryGuard  # noqa: E402
 from crash_recovery.journal import Journal  # noqa: E402
 from crash_recovery.reports.status import status_report  # noqa: E402
-from crash_recovery.storage.owner import retire_holder  # noqa: E402
 
 WAIT_SECONDS = 60
 
@@ -85,7 +84,7 @@ class ResolvedHungCall(JournalTestCase):
             os.waitpid(pid, 0)
 
         release, thread, results, hung_id = self.hang(fork_a_child_that_calls_the_same_tool)
-        # Another call of this process takes the slot: the hung call is detached.
+        # Another call of this process runs meanwhile.
         self.assertEqual(self.guard.tool_execution(
             tool_name="book_trip", args={}, next_call=lambda: "booked", session_id="s2",
             tool_call_id="sibling"), "booked")
@@ -105,38 +104,37 @@ class ResolvedHungCall(JournalTestCase):
             self.assertEqual(stream.read(), "ran")
         self.assertVerifies()
 
-    def test_status_lists_a_resolved_call_once_while_its_lock_is_moved_aside(self):
+    def test_status_lists_a_resolved_call_once_beside_a_running_sibling(self):
         release, thread, results, hung_id = self.hang()
-        data_dir = self.data_dir
+        entered, go, sibling_results = threading.Event(), threading.Event(), []
 
-        class MovedWhileRead:
-            """The journal, read while another call of the worker moves the
-            hung call's lock aside (between status' two looks at the locks)."""
+        def sibling_downstream():
+            entered.set()
+            go.wait(WAIT_SECONDS)
+            return "booked"
 
-            def __init__(self, journal):
-                self.journal, self.moved = journal, []
-
-            def __getattr__(self, name):
-                return getattr(self.journal, name)
-
-            def status(self):
-                if not self.moved:
-                    self.moved.append(retire_holder(data_dir, hung_id))
-                return self.journal.status()
-
+        sibling = threading.Thread(target=lambda: sibling_results.append(
+            self.guard.tool_execution(tool_name="book_trip", args={},
+                                      next_call=sibling_downstream, session_id="s2",
+                                      tool_call_id="sibling")))
+        sibling.start()
+        self.addCleanup(sibling.join, WAIT_SECONDS)
+        self.addCleanup(go.set)
+        self.assertTrue(entered.wait(WAIT_SECONDS))
         with Journal(self.data_dir, create=False) as journal:
-            racing = MovedWhileRead(journal)
-            report = status_report(racing, self.data_dir)
-        self.assertEqual(racing.moved, [True])
-        self.assertEqual((report["gate"], report["in_flight"]), ("open", None))
+            report = status_report(journal, self.data_dir)
+            [running] = journal.status().unresolved
+        self.assertEqual((report["gate"], report["in_flight"]["operation_id"],
+                          report["in_flight"]["pid"]), ("busy", running.operation_id, os.getpid()))
         self.assertEqual([(entry["operation_id"], entry["pid"])
                           for entry in report["resolved_running"]], [(hung_id, os.getpid())])
+        go.set()
+        sibling.join(WAIT_SECONDS)
         release.set()
         thread.join(WAIT_SECONDS)
-        self.assertEqual(results, [{"status": "paid"}])
+        self.assertEqual((results, sibling_results), ([{"status": "paid"}], ["booked"]))
         self.guard.close()
         self.assertVerifies()
-
 
 if __name__ == "__main__":
     import unittest

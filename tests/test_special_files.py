@@ -1,8 +1,8 @@
 """Special files planted in the data directory (docs/format.md §Files, docs/cli.md
-§Verdict codes): a FIFO in place of a journal file or the owner lock refuses
-and never hangs a worker or a command; a symbolic link never redirects a
-write (the owner lock, a temporary file, ``operator.log``) and never creates
-its target.
+§Verdict codes): a FIFO in place of a journal file or of the call locks'
+directory refuses and never hangs a worker or a command; a symbolic link never
+redirects a write (the call locks, a temporary file, ``operator.log``) and
+never creates its target.
 """
 from __future__ import annotations
 
@@ -65,35 +65,42 @@ class PlantedFiles(ProtectedCallCase):
                 os.rename(path + ".saved", path)
                 self.assertVerifies()
 
-    def test_fifo_owner_lock_refuses_and_status_answers(self):
+    def plant_calls(self, make):
+        """Replace ``calls/`` (the call locks' directory) by what ``make(path)`` makes."""
+        calls = os.path.join(self.data_dir, "calls")
+        os.rmdir(calls)  # empty between calls
+        make(calls)
+        self.addCleanup(lambda: os.path.islink(calls) and os.unlink(calls))
+        return calls
+
+    def test_fifo_as_call_locks_refuses_and_status_answers(self):
         self.prepared()
-        os.mkfifo(os.path.join(self.data_dir, "owner.lock.new"))
-        os.replace(os.path.join(self.data_dir, "owner.lock.new"),
-                   os.path.join(self.data_dir, "owner.lock"))
+        self.plant_calls(os.mkfifo)
         outcome = self.run_fresh_process()
         self.assertEqual(self.blocked_code(outcome["result"]), "storage_unavailable")
         code, result, _ = run_cli(self.data_dir, "status", timeout=HANG_TIMEOUT_SECONDS)
         self.assertEqual((code, result["unresolved"]), (0, []))
 
-    def test_symlinked_owner_lock_never_truncates_the_database(self):
+    def test_symlinked_call_locks_never_write_through_the_link(self):
         self.prepared()
+        elsewhere = os.path.join(self.root, "elsewhere")
+        os.mkdir(elsewhere)
         database = os.path.join(self.data_dir, "journal.sqlite3")
         size = os.path.getsize(database)
-        owner_lock = os.path.join(self.data_dir, "owner.lock")
-        os.unlink(owner_lock)
-        os.symlink(database, owner_lock)
-        outcome = self.run_fresh_process()
-        self.assertEqual(self.blocked_code(outcome["result"]), "storage_unavailable")
-        self.assertEqual(os.path.getsize(database), size)
-        os.unlink(owner_lock)
+        for target in (elsewhere, database):
+            with self.subTest(target=os.path.basename(target)):
+                calls = self.plant_calls(lambda path: os.symlink(target, path))
+                outcome = self.run_fresh_process()
+                self.assertEqual(self.blocked_code(outcome["result"]), "storage_unavailable")
+                self.assertEqual((os.listdir(elsewhere), os.path.getsize(database)), ([], size))
+                os.unlink(calls)
+                os.mkdir(calls)
         self.assertVerifies()
 
-    def test_dangling_owner_lock_symlink_creates_nothing(self):
+    def test_dangling_call_locks_symlink_creates_nothing(self):
         self.prepared()
-        owner_lock = os.path.join(self.data_dir, "owner.lock")
         target = os.path.join(self.root, "created-by-mistake")
-        os.unlink(owner_lock)
-        os.symlink(target, owner_lock)
+        self.plant_calls(lambda path: os.symlink(target, path))
         self.run_fresh_process()
         self.assertFalse(os.path.exists(target))
 

@@ -16,7 +16,7 @@ from support import OPERATOR_CLI, JournalTestCase, run_cli
 TESTS = os.path.dirname(os.path.abspath(__file__))
 EVIDENCE = "a cleanup script deleted journal.sqlite3-wal at 07:40 (cron log)"
 # Lock files and the operator's log stay in place: they are not the journal.
-LOCK_AND_LOG = ("owner.lock", "connections.lock", "operator.log")
+LOCK_AND_LOG = ("calls", "operator.log")
 
 
 class LiveWorker:
@@ -115,7 +115,10 @@ class RestartAfterDeletedWal(WalLossCase):
     def test_old_files_kept_byte_identical_and_gate_stays_closed_until_settled(self):
         op3 = self.lose_the_wal()
         code, document, _ = run_cli(self.data_dir, "status")
-        self.assertEqual((code, document["integrity"]), (1, "journal_rolled_back"))
+        # One state, one verdict: the WAL was deleted (-shm remains), and no
+        # process has the journal open any more, so its events are lost.
+        self.assertEqual((code, document["integrity"], document["error"]["workers_running"]),
+                         (1, "wal_missing", []))
         self.assertEqual(document["error"]["next"], f"{sys.executable} {OPERATOR_CLI} "
                          f"--data-dir {self.data_dir} restart-journal --evidence "
                          f'"<what happened, what you checked>"')
@@ -124,14 +127,15 @@ class RestartAfterDeletedWal(WalLossCase):
         code, restarted, _ = run_cli(self.data_dir, "restart-journal", "--evidence", EVIDENCE)
 
         self.assertEqual(code, 0, restarted)
-        self.assertEqual(restarted["found"], "journal_rolled_back")
+        self.assertEqual(restarted["found"], "wal_missing")
         self.assertEqual(restarted["last_verified_checkpoint"]["count"], 5)
         self.assertEqual(restarted["carried_over"], [op3])
         self.assertIsNotNone(restarted["lost_operation"])
         kept = files_below(os.path.join(self.data_dir, restarted["evidence_directory"]))
         self.assertEqual(kept, before)
+        # Exactly what the loss left (no command of ours made a new, empty WAL).
         self.assertEqual(sorted(kept), ["head.json", "initialized", "journal.sqlite3",
-                                        "journal.sqlite3-shm", "journal.sqlite3-wal"])
+                                        "journal.sqlite3-shm"])
         self.assertEqual(json.loads(kept["head.json"])["count"], 8)
         # The new journal: the bookkeeping operation, op3 carried over, the lost one.
         self.assertVerifies()
@@ -143,7 +147,7 @@ class RestartAfterDeletedWal(WalLossCase):
             ("started", "unknown"), ("uncertain", None)])
         replaced = events[0]["restarted_from"]
         self.assertEqual(replaced["journal_id"], restarted["replaced_journal_id"])
-        self.assertEqual(replaced["verdict"], "journal_rolled_back")
+        self.assertEqual(replaced["verdict"], "wal_missing")
         self.assertEqual(replaced["last_verified_checkpoint"],
                          restarted["last_verified_checkpoint"])
         self.assertEqual(replaced["head_json"]["count"], 8)

@@ -1,0 +1,349 @@
+"""Is a protected call out, and who runs it?  One lock per running call
+(docs/guard.md §Concurrency, docs/cli.md §Owner).
+
+From before its ``started`` event is written until its outcome (or late
+outcome) is committed, the worker running a protected call holds an exclusive
+``flock`` on ``calls/<operation_id>`` in the data directory, a file that holds
+the tag ``{"operation_id", "pid", "process_start"}``.  The kernel drops the
+lock when the worker dies, however it dies.  This file is the only
+"running / gone / unknown" fact of the plugin:
+
+* ``running`` -- the file exists and its lock is held;
+* ``gone`` -- the file is absent or nobody holds its lock (a dead worker's
+  leftover; the next archive removes it);
+* ``unknown`` -- the platform has no ``flock``, or the file cannot be read.
+
+A call an operator resolved while it hung (``resolve --force``) keeps its own
+lock until its late outcome is recorded: nothing is moved aside, and no lock
+of the profile as a whole exists that could get stuck.  "No archive while an
+outcome can still arrive" is "no call lock held", checked under the writer
+lock (:func:`refuse_calls_out`).  Nothing is ever released or resolved because
+an owner is ``gone``: that is evidence for a person only.
+
+The lock is made under a temporary name (``calls/.<operation_id>.<pid>.tmp``),
+locked and tagged, then renamed into place, so a reader never sees the final
+name unlocked while its worker lives.  ``flock`` locks belong to one open file
+description, so a probe from another descriptor -- of this process too -- sees
+them; a forked child closes its inherited copy without unlocking
+(storage/forksafe.py).  Release unlinks the file, then unlocks.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+from typing import Optional
+
+from . import forksafe, lock_holders
+from .durable import process_alive
+from .errors import AdmissionRefused
+from .record import is_uuid
+
+try:
+    import fcntl
+except ImportError:  # Windows: owners are reported as "unknown"
+    fcntl = None  # type: ignore[assignment]
+
+CALLS_DIRECTORY = "calls"
+OWNER_RUNNING = "running"
+OWNER_GONE = "gone"
+OWNER_UNKNOWN = "unknown"
+_TEMP_NAME = re.compile(r"\.([0-9a-f-]{36})\.(\d+)\.tmp")
+_FILE_FLAGS = os.O_NOFOLLOW | os.O_CLOEXEC | getattr(os, "O_NONBLOCK", 0)
+_DIRECTORY_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | os.O_NOFOLLOW | os.O_CLOEXEC
+
+# (pid, start time) of this process, read once: it cannot change, and the
+# tag of every protected call needs it.
+_OWN_START: Optional[tuple] = None
+
+
+def process_start_time(pid: Optional[int] = None) -> Optional[float]:
+    """Start time of a process (this one by default) in seconds since the
+    epoch (Linux), else None.  With the pid it names one process: pids are
+    reused, start times are not."""
+    global _OWN_START
+    if pid is None:
+        own = _OWN_START
+        if own is not None and own[0] == os.getpid():  # a forked child reads its own
+            return own[1]
+        started = process_start_time(os.getpid())
+        _OWN_START = (os.getpid(), started)
+        return started
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stream:
+            fields = stream.read().rsplit(b")", 1)[1].split()
+        with open("/proc/stat", "rb") as stream:
+            boot = next(int(line.split()[1]) for line in stream if line.startswith(b"btime"))
+        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError, StopIteration):
+        return None
+
+
+def _open_directory(data_dir: str, create: bool) -> int:
+    """A descriptor of ``calls/`` (never through a symbolic link); made
+    ``0700`` when ``create``.  Raises ``OSError`` (``FileNotFoundError`` when
+    absent)."""
+    path = os.path.join(data_dir, CALLS_DIRECTORY)
+    if create:
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+    return os.open(path, _DIRECTORY_FLAGS)
+
+
+class CallLock:
+    """The worker's side: the lock of one protected call.
+
+    ``acquire()`` creates, locks and tags ``calls/<operation_id>`` (raises
+    ``OSError`` when it cannot: the call is then refused); ``release()``
+    removes the file and unlocks (idempotent, never raises).  One object per
+    call; not shared between threads.
+    """
+
+    def __init__(self, data_dir: str, operation_id: str):
+        self.data_dir = os.fspath(data_dir)
+        self.operation_id = operation_id
+        self._directory: Optional[int] = None
+        self._descriptor: Optional[int] = None
+
+    def acquire(self) -> None:
+        """Hold the call's lock (see the module docstring).  Raises ``OSError``."""
+        if fcntl is None:
+            return
+        directory = _open_directory(self.data_dir, create=True)
+        forksafe.close_in_child(directory)
+        self._directory = directory
+        temp = f".{self.operation_id}.{os.getpid()}.tmp"
+        descriptor = os.open(temp, os.O_RDWR | os.O_CREAT | os.O_EXCL | _FILE_FLAGS, 0o600,
+                             dir_fd=directory)
+        forksafe.close_in_child(descriptor)
+        self._descriptor = descriptor
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new file: free
+            os.write(descriptor, json.dumps({"operation_id": self.operation_id,
+                                             "pid": os.getpid(),
+                                             "process_start": process_start_time()}).encode())
+            os.rename(temp, self.operation_id, src_dir_fd=directory, dst_dir_fd=directory)
+        except BaseException:
+            try:
+                os.unlink(temp, dir_fd=directory)
+            except OSError:
+                pass
+            self.release()
+            raise
+
+    def release(self) -> None:
+        """Remove ``calls/<operation_id>``, then unlock and close (the explicit
+        unlock also releases a copy a forked child may still hold)."""
+        descriptor, self._descriptor = self._descriptor, None
+        directory, self._directory = self._directory, None
+        try:
+            if descriptor is not None:
+                try:
+                    os.unlink(self.operation_id, dir_fd=directory)
+                except OSError:
+                    pass  # never renamed into place, or removed by hand: the unlock matters
+                finally:
+                    forksafe.forget(descriptor)
+                    try:
+                        fcntl.flock(descriptor, fcntl.LOCK_UN)
+                    except OSError:
+                        pass
+                    finally:
+                        os.close(descriptor)  # even if interrupted: closing drops the lock
+        finally:
+            if directory is not None:
+                forksafe.forget(directory)
+                os.close(directory)
+
+
+def _read_tag(descriptor: int) -> dict:
+    """The tag of a call lock file ({} when empty, partial or not JSON)."""
+    try:
+        tag = json.loads(os.pread(descriptor, 4096, 0) or b"null")
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return tag if isinstance(tag, dict) else {}
+
+
+def _probe_file(directory: int, name: str) -> tuple:
+    """``(state, tag)`` of ``calls/<name>``: ``running`` (tag: a dict),
+    ``gone`` or ``unknown``.  Never raises."""
+    try:
+        descriptor = os.open(name, os.O_RDONLY | _FILE_FLAGS, dir_fd=directory)
+    except FileNotFoundError:
+        return OWNER_GONE, None
+    except OSError:
+        return OWNER_UNKNOWN, None
+    try:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            return OWNER_UNKNOWN, None
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return OWNER_RUNNING, _read_tag(descriptor)
+        except OSError:
+            return OWNER_UNKNOWN, None
+        return OWNER_GONE, None  # closing the descriptor drops the probe's lock
+    finally:
+        os.close(descriptor)
+
+
+def probe_owner(data_dir: str, operation_id: str) -> dict:
+    """The operator's side: is the worker of ``operation_id`` running its call?
+
+    Returns ``{"owner": "running"|"gone"|"unknown", "pid": int|None,
+    "process_start": float|None}``.  Creates nothing; never raises."""
+    result = {"owner": OWNER_UNKNOWN, "pid": None, "process_start": None}
+    if fcntl is None or not is_uuid(operation_id):
+        return result
+    try:
+        directory = _open_directory(os.fspath(data_dir), create=False)
+    except FileNotFoundError:
+        result["owner"] = OWNER_GONE
+        return result
+    except OSError:
+        return result
+    try:
+        state, tag = _probe_file(directory, operation_id)
+    finally:
+        os.close(directory)
+    result["owner"] = state
+    if tag is not None:
+        result.update(pid=tag.get("pid"), process_start=tag.get("process_start"))
+    return result
+
+
+def held_calls(data_dir: str) -> list:
+    """Every call whose lock is held now, by name: ``[{"operation_id", "pid",
+    "process_start"}]``, plus (Linux) those whose lock file someone deleted
+    while its worker holds it (:func:`_deleted_but_held`).  Creates and
+    changes nothing; never raises."""
+    if fcntl is None:
+        return []
+    data_dir = os.fspath(data_dir)
+    try:
+        directory = _open_directory(data_dir, create=False)
+    except OSError:
+        return []
+    found = []
+    try:
+        for name in sorted(os.listdir(os.path.join(data_dir, CALLS_DIRECTORY))):
+            if not is_uuid(name):
+                continue
+            state, tag = _probe_file(directory, name)
+            if state == OWNER_RUNNING:
+                found.append({"operation_id": name, "pid": tag.get("pid"),
+                              "process_start": tag.get("process_start")})
+        device = os.fstat(directory).st_dev
+    except OSError:
+        return found
+    finally:
+        os.close(directory)
+    named = {call["operation_id"] for call in found}
+    return found + [call for call in _deleted_but_held(data_dir, device)
+                    if call["operation_id"] not in named]
+
+
+def _deleted_but_held(data_dir: str, device: int) -> list:
+    """Calls whose lock file was deleted by hand while its worker still holds
+    the lock: the worker may still record an outcome, but no name shows it.
+    Found from the kernel's list of locks and each holder's open files (same
+    user: ``/proc/<pid>/fd``).  [] where that cannot be read."""
+    prefix = os.path.join(os.path.realpath(data_dir), CALLS_DIRECTORY) + os.sep
+    found = []
+    for pid, inode in lock_holders.flock_holders(device) or ():
+        try:
+            descriptors = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for descriptor in descriptors:
+            path = f"/proc/{pid}/fd/{descriptor}"
+            try:
+                target = os.readlink(path)
+                if not (target.startswith(prefix) and target.endswith(" (deleted)")
+                        and os.stat(path).st_ino == inode):
+                    continue
+                with open(path, "rb") as stream:
+                    tag = json.loads(stream.read(4096) or b"null")
+            except (OSError, ValueError):
+                continue
+            name = target[len(prefix):-len(" (deleted)")]
+            if is_uuid(name):
+                tag = tag if isinstance(tag, dict) else {}
+                found.append({"operation_id": name, "pid": tag.get("pid", pid),
+                              "process_start": tag.get("process_start")})
+    return found
+
+
+def refuse_calls_out(data_dir: str) -> None:
+    """Under the writer lock: raise :class:`AdmissionRefused` ``owner_running``
+    while any call lock is held (its outcome can still arrive, and must find
+    its operation in the live journal).  Leftovers of dead workers (unheld
+    locks, temporary files of gone processes) are removed meanwhile.  A
+    worker locking a new call after this check cannot write its ``started``
+    before the caller commits (it needs the writer lock)."""
+    if fcntl is None:
+        return
+    data_dir = os.fspath(data_dir)
+    try:
+        directory = _open_directory(data_dir, create=False)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise AdmissionRefused("owner_running", f"{CALLS_DIRECTORY}/ cannot be examined "
+                               f"({exc.strerror or exc}): whether a protected call is out "
+                               "is unknown; nothing was changed") from None
+    try:
+        for name in sorted(os.listdir(os.path.join(data_dir, CALLS_DIRECTORY))):
+            temp = _TEMP_NAME.fullmatch(name)
+            if temp is not None and not process_alive(int(temp.group(2))):
+                _remove(directory, name)
+            elif is_uuid(name):
+                _refuse_if_held(directory, name)
+        device = os.fstat(directory).st_dev
+    finally:
+        os.close(directory)
+    # A lock file deleted by hand while its worker still runs the call.
+    for call in _deleted_but_held(data_dir, device):
+        raise _call_out(call)
+
+
+def _call_out(call: dict) -> AdmissionRefused:
+    """``owner_running`` for a call whose outcome can still arrive."""
+    return AdmissionRefused(
+        "owner_running", f"a protected call is still out in this profile (operation "
+        f"{call['operation_id']}, pid {call['pid']}): its outcome can still arrive, and it must "
+        "find its operation in the live journal. Archive when it has finished (a worker hung in "
+        "a call, even one an operator resolved, must be stopped first); nothing was changed",
+        owner=call)
+
+
+def _refuse_if_held(directory: int, name: str) -> None:
+    try:
+        descriptor = os.open(name, os.O_RDONLY | _FILE_FLAGS, dir_fd=directory)
+    except OSError:
+        return
+    try:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            tag = _read_tag(descriptor)
+            raise _call_out({"operation_id": name, "pid": tag.get("pid"),
+                             "process_start": tag.get("process_start")}) from None
+        except OSError:
+            return
+        _remove(directory, name)  # locked by us: no worker holds it any more
+    finally:
+        os.close(descriptor)
+
+
+def _remove(directory: int, name: str) -> None:
+    """Unlink a leftover; one that cannot be removed stays as evidence (nothing
+    depends on its removal)."""
+    try:
+        os.unlink(name, dir_fd=directory)
+    except OSError:
+        pass

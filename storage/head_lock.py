@@ -1,0 +1,112 @@
+"""The head lock: a reader sees ``head.json`` and the database at rest
+(docs/format.md §Verification: what a reader may conclude).
+
+``head.json``, the marker and the archive intent are files beside the
+database, and SQLite cannot commit them together with a row.  A writer of ours
+therefore changes them only while it holds this lock *exclusively*, from just
+before it replaces the first of them until its COMMIT has returned (and the
+archive intent is gone again): milliseconds.  A reader holds it *shared* while
+it pins its database snapshot and reads those files, and lets go before it
+verifies.  So the pair a reader compares is either the state before a write or
+the state after it, never half of one: a disagreement it finds is a verdict,
+whoever is writing, and no reader ever retries or waits for a writer to
+finish.  A writer that died between its replace and its COMMIT leaves the
+files ahead of the database; the kernel drops its lock, and the next reader
+reports ``checkpoint_ahead`` (docs/format.md §Append).
+
+The lock is a ``flock`` on the data directory itself: it needs no file of its
+own (a read-only user can take it) and works the same on Linux and macOS.
+Waiting is bounded by the busy timeout (``database_locked``).  A forked child
+closes an inherited descriptor of it (storage/forksafe.py).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from typing import Iterator
+
+from . import forksafe
+from .errors import JournalUnavailable
+
+try:
+    import fcntl
+except ImportError:  # Windows: the platform check refuses protected calls there
+    fcntl = None  # type: ignore[assignment]
+
+# Pauses between two tries while another process holds the lock: writers hold
+# it for a millisecond or two (a slow disk's fsyncs longer) and may take it
+# again within a millisecond, so a waiter looks often (a flock try costs about
+# a microsecond of CPU).
+_PAUSES_SECONDS = (0.00005, 0.0001, 0.0002, 0.0005)
+_DIRECTORY_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | os.O_CLOEXEC
+
+
+class HeadLock:
+    """The head lock of one data directory.  ``timeout``: seconds to wait for
+    it (the busy timeout).  Thread-safe: each use opens its own descriptor."""
+
+    def __init__(self, data_dir: str, timeout: float):
+        self.data_dir = data_dir
+        self.timeout = timeout
+        # Per thread: whether it holds the lock through this object now, and
+        # how (a nested use is then a no-op: a second descriptor would wait
+        # for the first forever).
+        self._holding = threading.local()
+
+    @contextlib.contextmanager
+    def held(self, *, exclusive: bool) -> Iterator[None]:
+        """Hold the lock (``exclusive``: a writer changing the files beside the
+        database; else a reader pinning its snapshot).  Raises
+        :class:`JournalUnavailable` ``database_locked`` after the timeout and
+        ``storage_unavailable`` when the directory cannot be opened; a reader
+        that may not open the directory reads without it (see docs)."""
+        held = getattr(self._holding, "mode", None)
+        if fcntl is None or held == "exclusive" or (held == "shared" and not exclusive):
+            yield
+            return
+        if held is not None:
+            raise RuntimeError("head lock: a shared holder cannot take it exclusively")
+        try:
+            descriptor = os.open(self.data_dir, _DIRECTORY_FLAGS)
+        except PermissionError:
+            if exclusive:
+                raise JournalUnavailable("storage_unavailable", f"the data directory "
+                                         f"{self.data_dir} cannot be opened") from None
+            yield  # a reader without read access to the directory itself
+            return
+        except OSError as exc:
+            raise JournalUnavailable("storage_unavailable", f"the data directory cannot be "
+                                     f"opened ({exc.strerror or exc})") from None
+        forksafe.close_in_child(descriptor)
+        try:
+            self._take(descriptor, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            self._holding.mode = "exclusive" if exclusive else "shared"
+            try:
+                yield
+            finally:
+                self._holding.mode = None
+        finally:
+            forksafe.forget(descriptor)
+            os.close(descriptor)  # drops the lock
+
+    def _take(self, descriptor: int, mode: int) -> None:
+        deadline = None
+        attempt = 0
+        while True:
+            try:
+                fcntl.flock(descriptor, mode | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                pass
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + self.timeout
+            elif now >= deadline:
+                raise JournalUnavailable(
+                    "database_locked", "another process held the journal's head lock (it "
+                    "replaces head.json and commits) for longer than the busy timeout "
+                    f"({self.timeout:g} s)")
+            time.sleep(_PAUSES_SECONDS[min(attempt, len(_PAUSES_SECONDS) - 1)])
+            attempt += 1

@@ -1,0 +1,87 @@
+"""Which processes hold POSIX locks on a journal file: evidence for a person,
+never a verdict (docs/cli.md §status: ``writer_pid``, ``workers_running``).
+
+Linux lists every file lock in ``/proc/locks`` (kind, type, pid, device and
+inode, byte range), so this needs no descriptor of the file: opening and
+closing one would drop this process's own POSIX locks on it.  SQLite's locks
+are POSIX locks: every connection holds a read lock over the database's shared
+range (storage/wal_keeper.py), and the one writer holds byte 120 of ``-shm``
+(the WAL write lock) from ``BEGIN IMMEDIATE`` to COMMIT.  Where ``/proc/locks``
+does not exist (macOS), nothing is known (None).
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+PROC_LOCKS = "/proc/locks"
+# SQLite's unix VFS: the first shared-memory lock of -shm, the WAL write lock.
+WAL_WRITE_LOCK_OFFSET = 120
+
+
+def posix_lock_holders(path: str, first: int, last: int, *,
+                       writes_only: bool = False) -> Optional[list]:
+    """Pids (sorted, each once; this process's own included) holding a POSIX
+    lock on ``path`` that overlaps bytes ``first``..``last`` (``writes_only``:
+    write locks only).  [] when the file is absent, None when unknown.  Open
+    file description locks have no pid and are left out.  Never raises."""
+    try:
+        with open(PROC_LOCKS, "rb") as stream:
+            listing = stream.read()
+        found = os.stat(path)
+    except FileNotFoundError:
+        return [] if os.path.exists(PROC_LOCKS) else None
+    except OSError:
+        return None
+    where = f"{os.major(found.st_dev):02x}:{os.minor(found.st_dev):02x}:{found.st_ino}".encode()
+    pids = set()
+    for line in listing.splitlines():
+        fields = line.split()
+        if b"->" in fields[:2]:  # a waiter, blocked behind the holder
+            continue
+        try:
+            position = fields.index(where)
+        except ValueError:
+            continue
+        kind, access, pid = fields[1], fields[position - 2], fields[position - 1]
+        start, end = fields[position + 1], fields[position + 2]
+        if kind != b"POSIX" or (writes_only and access != b"WRITE"):
+            continue
+        end_value = 2**63 if end == b"EOF" else int(end)
+        if int(start) <= last and end_value >= first and int(pid) > 0:
+            pids.add(int(pid))
+    return sorted(pids)
+
+
+def flock_holders(device: int) -> Optional[list]:
+    """``(pid, inode)`` of every ``flock`` held for writing on a file of
+    ``device`` (``st_dev``), a file unlinked meanwhile included; None when
+    unknown.  Never raises."""
+    try:
+        with open(PROC_LOCKS, "rb") as stream:
+            listing = stream.read()
+    except OSError:
+        return None
+    prefix = f"{os.major(device):02x}:{os.minor(device):02x}:".encode()
+    found = []
+    for line in listing.splitlines():
+        fields = line.split()
+        if len(fields) < 8 or fields[1] != b"FLOCK" or fields[3] != b"WRITE":
+            continue  # waiters ("->") and other kinds have other fields there
+        if fields[5].startswith(prefix):
+            try:
+                found.append((int(fields[4]), int(fields[5][len(prefix):])))
+            except ValueError:
+                continue
+    return found
+
+
+def wal_writer_pids(database_path: str) -> Optional[list]:
+    """Pids holding SQLite's WAL write lock on the journal now (at most one)."""
+    return posix_lock_holders(database_path + "-shm", WAL_WRITE_LOCK_OFFSET,
+                              WAL_WRITE_LOCK_OFFSET, writes_only=True)
+
+
+def connected_pids(database_path: str, shared_first: int, shared_last: int) -> Optional[list]:
+    """Pids with an SQLite connection to the journal (its shared lock)."""
+    return posix_lock_holders(database_path, shared_first, shared_last)
