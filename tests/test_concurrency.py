@@ -56,7 +56,7 @@ class Threads(ReliabilityCase):
                                                       session_id="s", tool_call_id=f"c{index}")
             # hold the call open until every other thread has its answer, however long
             refusals_done.wait()
-            return {"ok": index}
+            return {"paid": index}  # ("ok": 0 would be an error-shaped response)
 
         def call(index):
             try:
@@ -99,7 +99,7 @@ class Threads(ReliabilityCase):
         self.assertEqual(escaped, [])
         self.assertEqual(len(downstream_calls), 1)
         admitted = downstream_calls[0]
-        self.assertEqual(results[admitted], {"ok": admitted})
+        self.assertEqual(results[admitted], {"paid": admitted})
         refused = [json.loads(value) for index, value in results.items() if index != admitted]
         self.assertEqual(len(refused), THREADS - 1)
         self.assertEqual({blocked["code"] for blocked in refused}, {"operation_in_flight"})

@@ -14,7 +14,10 @@ from test_way_forward import LiveWorker
 
 class WalDeletedUnderALiveWorker(JournalTestCase):
     """journal.sqlite3-wal is deleted while a worker has the journal open and
-    nothing is unresolved: that worker refuses every call ``wal_missing``."""
+    nothing is unresolved: that worker refuses every call ``wal_missing``, and
+    every surface names the same state and the same next step -- a worker
+    still has the journal open (its pid), so stop it and look again: its exit
+    brings the deleted log's events back."""
 
     def setUp(self):
         super().setUp()
@@ -30,14 +33,16 @@ class WalDeletedUnderALiveWorker(JournalTestCase):
         self.assertEqual(surfaces["verify_tool"]["integrity"], "wal_missing")
         self.assertIn("gate CLOSED", surfaces["slash"])
         self.assertIn("(wal_missing: ", surfaces["slash"])
-        self.assertIn("hermes -p work crash-recovery restart-journal --evidence", surfaces["slash"])
+        self.assertNotIn("restart-journal", surfaces["slash"])
+        self.assertIn("hermes -p work crash-recovery status", surfaces["slash"])
         refused = self.worker.call("r2")
         self.assertEqual((refused["result"]["code"], refused["side_effects"]), ("wal_missing", 0))
 
     def test_operator_status_check_and_gauges_say_wal_missing(self):
         code, document, _ = run_cli(self.data_dir, "status")
-        self.assertEqual((code, document["integrity"]), (1, "wal_missing"))
-        self.assertIn("restart-journal", document["error"]["next"])
+        self.assertEqual((code, document["integrity"], document["error"]["workers_running"]),
+                         (1, "wal_missing", [self.worker.process.pid]))
+        self.assertTrue(document["error"]["next"].endswith(" status"), document["error"]["next"])
         code, _, _ = run_cli(self.data_dir, "status", "--check")
         self.assertEqual(code, 1)
         code, _, gauges = run_cli(self.data_dir, "status", "--format", "prometheus")
@@ -45,6 +50,13 @@ class WalDeletedUnderALiveWorker(JournalTestCase):
         self.assertIn(f"crash_recovery_gate_closed{label} 1\n", gauges)
         self.assertIn(f"crash_recovery_gate_open{label} 0\n", gauges)
         self.assertIn(f"crash_recovery_last_verification_ok{label} 0\n", gauges)
+
+    def test_after_the_worker_exits_its_events_are_back_and_the_journal_verifies(self):
+        self.worker.stop()
+        code, document, text = run_cli(self.data_dir, "status", "--check")
+        self.assertEqual((code, document["integrity"], document["checkpoint"]["count"]),
+                         (0, "ok", 2), text)
+        self.assertVerifies()
 
 
 if __name__ == "__main__":

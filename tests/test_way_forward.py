@@ -160,7 +160,7 @@ class RestartAfterDeletedWal(WalLossCase):
         with open(os.path.join(self.data_dir, "operator.log"), encoding="utf-8") as stream:
             audit = [json.loads(line) for line in stream][-1]
         self.assertEqual((audit["action"], audit["evidence"], audit["found"]),
-                         ("restart-journal", EVIDENCE, "journal_rolled_back"))
+                         ("restart-journal", EVIDENCE, "wal_missing"))
 
         worker = LiveWorker(self, self.data_dir, self.service)
         refused = worker.call("r6")
