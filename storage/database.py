@@ -142,11 +142,18 @@ class Database:
             f"{DATABASE_NAME} is missing while {', '.join(survivors)} survive(s); "
             "it is never re-created over surviving state", survivors=survivors)
 
-    def connect(self) -> sqlite3.Connection:
-        """Open (once) the connection; refuse to re-create a lost database."""
+    def is_open(self) -> bool:
+        """Whether this process has the connection open (not a forked
+        child's copy of its parent's)."""
+        return self.connection is not None and self._pid == os.getpid()
+
+    def connect(self, sample: Optional[tuple] = None) -> sqlite3.Connection:
+        """Open (once) the connection; refuse to re-create a lost database.
+        An open connection's file must still be the journal's: checked with
+        ``sample`` (a :meth:`files_now` just taken) or a fresh ``stat``."""
         self._drop_if_forked()
         if self.connection is not None:
-            self._check_file_identity()
+            self._check_file_identity(None if sample is None else sample[0])
             return self.connection
         if os.path.isfile(self.data_dir) or (os.path.lexists(self.data_dir)
                                              and not os.path.isdir(self.data_dir)):
@@ -351,13 +358,15 @@ class Database:
         wal = file_state(self.path + WAL_SUFFIX)
         return file_state(self.path), None if wal is None else wal[:4]
 
-    def remember_files(self) -> None:
-        """Record the files as this connection's own transaction left them.
-        Never raises: when the files cannot be read, the next use verifies all."""
+    def remember_files(self) -> Optional[tuple]:
+        """Record the files as this connection's own transaction left them, and
+        return that :meth:`files_now` (None when the files cannot be read: then
+        the next use verifies all).  Never raises."""
         try:
             self._files_seen = self.files_now()
         except OSError:
             self._files_seen = None
+        return self._files_seen
 
     def remember_sample(self, sample: Optional[tuple]) -> None:
         """Record ``sample`` (a :meth:`files_now` taken before this
@@ -388,9 +397,10 @@ class Database:
             raise translate_sqlite_error(exc, "dropping cached pages") from None
         return True
 
-    def check_wal(self) -> None:
+    def check_wal(self, sample: Optional[tuple] = None) -> None:
         """Refuse to write when the file at ``journal.sqlite3-wal`` is not the WAL
-        this connection writes to (``wal_missing``).
+        this connection writes to (``wal_missing``); ``sample``: a
+        :meth:`files_now` just taken (else the WAL is looked at here).
 
         SQLite removes or replaces a WAL only when the last connection closes;
         while this one is open that happens only if this process lost its POSIX
@@ -398,11 +408,10 @@ class Database:
         §Child processes and in-process code) or someone deleted the file.
         Commits would then land in a file nobody can read back.
         """
+        wal = file_state(self.path + WAL_SUFFIX) if sample is None else sample[1]
         if self._wal_identity is None:
-            wal = file_state(self.path + WAL_SUFFIX)
             self._wal_identity = None if wal is None else wal[:2]
             return
-        wal = file_state(self.path + WAL_SUFFIX)
         if wal is None or wal[:2] != self._wal_identity:
             raise wal_missing_verdict(self.path, f"{DATABASE_NAME}{WAL_SUFFIX} was deleted or "
                                       "replaced while this worker had the journal open")
@@ -426,16 +435,19 @@ class Database:
                                        "while a worker had the journal open")
         return translate_sqlite_error(exc, action)
 
-    def _check_file_identity(self) -> None:
-        """Detect a database deleted or replaced under a live connection."""
+    def _check_file_identity(self, state: Optional[tuple]) -> None:
+        """Detect a database deleted or replaced under a live connection
+        (``state``: its :func:`durable.file_state` just taken, else one is)."""
         try:
-            found = os.stat(self.path)
-        except FileNotFoundError:
-            raise self.missing_database() from None
+            found = file_state(self.path) if state is None else state
         except OSError as exc:
             raise storage_error(exc, "checking the journal database") from None
-        if (found.st_dev, found.st_ino) != self._file_identity:
-            self.close()
+        if found is None:
+            raise self.missing_database()
+        if found[:2] != self._file_identity:
+            # Never folded: this connection's WAL is the old file's, and its
+            # close would delete the new file's WAL by name.
+            self.close(fold=False)
             raise IntegrityError("database_replaced",
                                  f"{DATABASE_NAME} was replaced by another file while in use")
 

@@ -319,6 +319,7 @@ class DurableFiles:
         # path -> (file state, content) as last read.
         self._files_read: dict = {}
         self._expected_checkpoint: tuple = (None, b"")
+        self._expected_marker: tuple = (None, b"")
 
     def forget(self) -> None:
         """Drop every cached file state (the next look reads the files)."""
@@ -380,7 +381,10 @@ class DurableFiles:
         missing = None if creation_interrupted else IntegrityError(
             "marker_missing", f"{MARKER_NAME} is missing beside a journal with {count} events")
         found = self._bytes(at_rest.marker, MARKER_NAME, missing)
-        if found is None or found == marker_text(journal_id, schema).encode("utf-8"):
+        if self._expected_marker[0] != (journal_id, schema):  # encode once per journal
+            self._expected_marker = ((journal_id, schema),
+                                     marker_text(journal_id, schema).encode("utf-8"))
+        if found is None or found == self._expected_marker[1]:
             return
         try:
             decoded = json.loads(found)

@@ -54,6 +54,11 @@ SQL_SELECT_OPERATION_EVENTS = ("SELECT seq, payload FROM events WHERE seq > ? AN
 SQL_INSERT_EVENT = "INSERT INTO events(seq, payload, previous, hash) VALUES (?, ?, ?, ?)"
 SQL_SELECT_JOURNAL_ID = "SELECT value FROM metadata WHERE key = 'journal_id'"
 SQL_SELECT_METADATA = "SELECT key, value FROM metadata"
+# The rows from seq ? on (the last verified one first), as SQL_SELECT_ROWS_AFTER reads them.
+SQL_SELECT_ROWS_FROM = SQL_SELECT_ROWS_AFTER.replace("seq > ?", "seq >= ?")
+# The schema cookie and data_version in one statement (it starts a read transaction).
+SQL_VERSIONS = ("SELECT schema_version, data_version FROM pragma_schema_version, "
+                "pragma_data_version")
 SQL_SELECT_HASH_AT = "SELECT hash FROM events WHERE seq = ?"
 SQL_SELECT_LAST_EVENT = "SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1"
 SQL_COUNT_EVENTS = "SELECT count(*) FROM events"

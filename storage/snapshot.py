@@ -25,6 +25,7 @@ adds the writer's side.
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 import time
 from typing import Optional
@@ -34,7 +35,7 @@ from .chain import Chain, PossibleReuse, extend_chain
 from .durable import FilesAtRest
 from .errors import IntegrityError, JournalError, JournalUnavailable
 from .record import INTENT_NAME, genesis_hash
-from .schema import SQL_SELECT_HASH_AT, SQL_SELECT_ROWS_AFTER
+from .schema import SQL_SELECT_HASH_AT, SQL_SELECT_ROWS_AFTER, SQL_SELECT_ROWS_FROM, SQL_VERSIONS
 
 # Seconds between full verifications of a long-running process: a raw byte edit
 # hidden behind another process's commits is found within this time.
@@ -87,17 +88,17 @@ class VerifiedSnapshots:
         return chain
 
     def _snapshot(self, full: bool, check_files: bool, complete_creation: bool) -> Chain:
-        connection = self.database.connect()
+        opening = not self.database.is_open()
+        sampled = None if opening else self._look()
+        connection = self.database.connect(sampled)
+        if opening:  # opened (maybe created) just now: look at what it left
+            sampled = self._look()
         if not self.readonly:
             # The admission's own test, so every surface of a worker (hook,
             # status tool, slash command) gives the verdict its gate gives.
-            self.database.check_wal()
-            if archive.read_intent(self.data_dir) is not None:
+            self.database.check_wal(sampled)
+            if os.path.lexists(self.files.intent_path) and archive.read_intent(self.data_dir):
                 self._recover_archive_switch()  # a writer finishes or undoes it first
-        try:
-            sampled: Optional[tuple] = self.database.files_now()
-        except OSError:
-            sampled = None  # files_touched looks again and names the failure
         touched = self.database.files_touched(sampled)
         at_rest = None
         try:
@@ -106,8 +107,7 @@ class VerifiedSnapshots:
             with self.head_lock.held(exclusive=False):
                 connection.execute("BEGIN")
                 # Reading the header starts the read transaction: the snapshot.
-                schema_version = connection.execute("PRAGMA schema_version").fetchone()[0]
-                data_version = connection.execute("PRAGMA data_version").fetchone()[0]
+                schema_version, data_version = connection.execute(SQL_VERSIONS).fetchone()
                 at_rest = self.files.read_at_rest()
             chain = self._chain
             stale = (chain is None or full or self.full_verification
@@ -160,6 +160,14 @@ class VerifiedSnapshots:
                 raise
         return chain
 
+    def _look(self) -> Optional[tuple]:
+        """One look at the database and WAL files (:meth:`Database.files_now`),
+        None when they cannot be examined (files_touched names the failure)."""
+        try:
+            return self.database.files_now()
+        except OSError:
+            return None
+
     def _check_no_switch_open(self, chain: Chain, at_rest: FilesAtRest) -> None:
         """A reader that verified a segment while an archive intent exists:
         a switch whose COMMIT happened (the database is the intent's new
@@ -207,14 +215,18 @@ class VerifiedSnapshots:
                 "finishes or undoes it") from None
 
     def _extend_cached(self, connection: sqlite3.Connection, chain: Optional[Chain]) -> bool:
-        """Extend the cached chain with the rows appended since; False when the
-        last verified row is no longer there as it was (verify everything)."""
+        """Extend the cached chain with the rows appended since (one query from
+        its last verified row on); False when that row is no longer there as
+        it was (verify everything)."""
         if chain is None:
             return False
-        if chain.count and self._hash_at_locked(connection, chain.count) != chain.head:
-            return False
+        rows = connection.execute(SQL_SELECT_ROWS_FROM, (chain.count,))
+        if chain.count:
+            last = rows.fetchone()
+            if last is None or last[0] != chain.count or last[3] != chain.head.encode():
+                return False
         try:
-            extend_chain(chain, connection.execute(SQL_SELECT_ROWS_AFTER, (chain.count,)))
+            extend_chain(chain, rows)
         except PossibleReuse:
             return False
         except JournalError:

@@ -32,7 +32,8 @@ from typing import Callable, Iterator, Optional
 from . import archive
 from .chain import Chain, PossibleReuse, apply_event
 from .database import Database, translate_sqlite_error
-from .durable import BOUNDARY_KIND_GENESIS, BOUNDARY_KIND_MARKER, DurableFiles, reach_boundary
+from .durable import (BOUNDARY_KIND_GENESIS, BOUNDARY_KIND_MARKER, DurableFiles, reach_boundary,
+                      storage_error)
 from .errors import AdmissionRefused, IntegrityError, JournalError, JournalUnavailable
 from .record import (KIND_ARCHIVED, SCHEMA, canonical_text, decode_payload, event_hash,
                      genesis_hash, payload_problem)
@@ -40,7 +41,7 @@ from .schema import (SQL_CHECKPOINT_PASSIVE, SQL_COUNT_EVENTS, SQL_DROP_TRIGGER,
                      SQL_EMPTY_EVENTS, SQL_EMPTY_METADATA, SQL_INSERT_EVENT,
                      SQL_SELECT_EVENTS_BETWEEN, SQL_SELECT_HASH_AT, SQL_SELECT_JOURNAL_ID,
                      SQL_SELECT_OPERATION_EVENTS, SQL_SELECT_PAYLOAD_AT,
-                     SQL_SELECT_RAW_ROWS_BETWEEN, SQL_SELECT_ROW, SQL_VACUUM, TRIGGERS,
+                     SQL_SELECT_RAW_ROWS_BETWEEN, SQL_SELECT_ROW, SQL_VACUUM, SQL_VERSIONS, TRIGGERS,
                      create_schema_rows, create_triggers)
 from .head_lock import HeadLock
 from .snapshot import VerifiedSnapshots
@@ -107,6 +108,7 @@ class JournalStore(VerifiedSnapshots):
         its events back); otherwise every file is left as found."""
         with self.lock:
             self.database.close(fold=self.healthy or self.database.own_wal_deleted())
+            self.head_lock.close()
             self.files.forget()
             self.forget()
 
@@ -251,6 +253,7 @@ class JournalStore(VerifiedSnapshots):
         with self.lock:
             self._files_held_now = False
             self._after_commit_steps = []
+            self._committed_files: Optional[tuple] = None
             try:
                 chain, connection = self._locked_chain(kind, check_checkpoint, give_up)
                 self._appending = self._schema_changed = False
@@ -275,7 +278,7 @@ class JournalStore(VerifiedSnapshots):
             # deleted meanwhile, the event exists only in the orphaned file
             # (docs/guard.md §In-process code).  wal_missing then; head.json
             # names the event, so the state is checkpoint_ahead.
-            self.database.check_wal()
+            self.database.check_wal(self._committed_files)
 
     def _commit(self, connection: sqlite3.Connection, kind: str) -> None:
         try:
@@ -313,17 +316,25 @@ class JournalStore(VerifiedSnapshots):
                 self._schema_version = connection.execute("PRAGMA schema_version").fetchone()[0]
         except sqlite3.Error:
             self.forget()
-        self.database.remember_files()
+        self._committed_files = self.database.remember_files()
 
     def _locked_chain(self, kind: str, check_checkpoint: bool,
                       give_up: Optional[Callable[[Chain], None]]) -> tuple:
         """Verify on a snapshot, take the writer lock, catch up; returns
         ``(chain, connection)`` with the lock held."""
         for _ in range(WRITE_ATTEMPTS):
-            chain = self.snapshot(check_files=False)
+            # The long part (a full verification) happens before the writer
+            # lock; a chain verified moments ago is only caught up under it.
+            if not self._fresh():
+                self.snapshot(check_files=False)
             connection = self.database.connection
             self._begin_immediate(connection, give_up)
+            # The newest verified chain: give_up may have read again meanwhile,
+            # and data_version belongs to the chain that read left.
+            chain = self._chain
             try:
+                if chain is None:
+                    raise _StaleSnapshot()
                 reach_boundary("begin", kind)
                 self._remove_leftovers_locked()
                 intent = archive.read_intent(self.data_dir)
@@ -350,6 +361,13 @@ class JournalStore(VerifiedSnapshots):
                 raise
         raise JournalUnavailable("database_locked", "the journal kept changing while it was "
                                  "being verified; nothing was written")
+
+    def _fresh(self) -> bool:
+        """A cached chain this connection verified, not yet due for a full
+        verification (the writer then catches it up under the lock)."""
+        return (self._chain is not None and self.database.connection is not None
+                and not self.full_verification
+                and time.monotonic() - self._full_at <= self.full_verification_interval)
 
     def _begin_immediate(self, connection: sqlite3.Connection,
                          give_up: Optional[Callable[[Chain], None]]) -> None:
@@ -387,15 +405,20 @@ class JournalStore(VerifiedSnapshots):
         the WAL's identity, the schema cookie, rows appended meanwhile -- or
         :class:`_StaleSnapshot` when only a full verification can judge."""
         try:
-            self.database.check_wal()
-            if connection.execute("PRAGMA schema_version").fetchone()[0] != self._schema_version:
+            try:
+                sample = self.database.files_now()
+            except OSError as exc:
+                raise storage_error(exc, "checking the journal's files") from None
+            self.database.connect(sample)  # still the journal's database file
+            self.database.check_wal(sample)
+            schema_version, version = connection.execute(SQL_VERSIONS).fetchone()
+            if schema_version != self._schema_version:
                 raise _StaleSnapshot()
-            version = connection.execute("PRAGMA data_version").fetchone()[0]
             if version != self._data_version:
                 if not self._extend_cached(connection, chain):
                     raise _StaleSnapshot()
                 self._data_version = version
-            elif self.database.files_touched():
+            elif self.database.files_touched(sample):
                 raise _StaleSnapshot()  # changed behind SQLite's back: a raw edit?
         except sqlite3.Error as exc:
             raise translate_sqlite_error(exc, "verifying the journal") from None

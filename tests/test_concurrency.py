@@ -14,10 +14,12 @@ from __future__ import annotations
 import contextvars
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import threading
 import unittest
+from unittest import mock
 
 from reliability_support import ONE_CALL_WORKER, ReliabilityCase, next_message, start_worker, tell
 from support import REPO
@@ -199,6 +201,58 @@ class LongVerification(ReliabilityCase):
                          (self.HISTORY_EVENTS + 4, ()))
         self.assertVerifies()
 
+
+
+class WaitingForTheWriterLock(ReliabilityCase):
+    """A writer that found the writer lock taken reads again while it waits;
+    the chain it then appends to is the one that read verified, never the one
+    from before it began waiting (whose data_version no longer matches): a
+    sibling that committed meanwhile is neither lost nor taken for a rollback."""
+
+    def test_a_writer_appends_to_what_it_read_while_waiting(self):
+        from crash_recovery.storage import store
+        ours = RecoveryGuard(self.data_dir, full_verification=True)  # every read is a new chain
+        sibling = RecoveryGuard(self.data_dir)
+        self.addCleanup(ours.close)
+        self.addCleanup(sibling.close)
+        self.assertEqual(sibling.tool_execution("warm", {}, lambda: "ok", session_id="s",
+                                                tool_call_id="warm"), "ok")
+        holder = sqlite3.connect(os.path.join(self.data_dir, "journal.sqlite3"),
+                                 isolation_level=None)
+        self.addCleanup(holder.close)
+        waits = [threading.Event(), threading.Event()]  # our writer met the lock taken
+        goes = [threading.Event(), threading.Event()]
+        real_sleep = store.time.sleep
+
+        def sleep(seconds):  # our writer, between two tries of the writer lock
+            if threading.current_thread() is ours_thread:
+                step = next((index for index, event in enumerate(waits)
+                             if not event.is_set()), None)
+                if step is not None:
+                    waits[step].set()
+                    goes[step].wait(60)
+            real_sleep(seconds)
+
+        result = []
+        ours_thread = threading.Thread(target=lambda: result.append(ours.tool_execution(
+            "pay", {}, lambda: "paid", session_id="s", tool_call_id="ours")))
+        holder.execute("BEGIN IMMEDIATE")  # someone holds the writer lock
+        with mock.patch.object(store.time, "sleep", sleep):
+            ours_thread.start()
+            self.assertTrue(waits[0].wait(60))  # read (nothing open), met the lock
+            holder.execute("ROLLBACK")
+            self.assertEqual(sibling.tool_execution("book", {}, lambda: "booked",
+                                                    session_id="s", tool_call_id="b"), "booked")
+            holder.execute("BEGIN IMMEDIATE")
+            goes[0].set()
+            self.assertTrue(waits[1].wait(60))  # read again: the sibling's call is in it
+            holder.execute("ROLLBACK")
+            goes[1].set()
+            ours_thread.join(60)
+        self.assertEqual((result, ours.poisoned), (["paid"], None))
+        ours.close()
+        sibling.close()
+        self.assertEqual(self.assertVerifies().kinds(), ["started", "returned"] * 3)
 
 if __name__ == "__main__":
     unittest.main()
