@@ -171,7 +171,12 @@ def _read_checkpoint_file(path: str) -> Any:
 def _append_operator_log(data_dir: str, entry: dict) -> Optional[str]:
     """Append one JSON line and fsync; returns an error text instead of raising
     (the journal event is already durable and is the source of truth)."""
-    line = (canonical_text(entry) + "\n").encode("utf-8")
+    # One action, one line, for any reader: the separators JSON leaves raw
+    # (NEL, U+2028, U+2029) break lines for many, so they are escaped too.
+    text = canonical_text(entry)
+    for separator in ("\x85", "\u2028", "\u2029"):
+        text = text.replace(separator, f"\\u{ord(separator):04x}")
+    line = (text + "\n").encode("utf-8")
     try:
         descriptor = open_regular_file(os.path.join(data_dir, OPERATOR_LOG_NAME),
                                        os.O_WRONLY | os.O_APPEND | os.O_CREAT)
