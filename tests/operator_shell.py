@@ -20,19 +20,28 @@ import subprocess
 import sys
 
 
+def detach() -> bool:
+    """Fork twice: True in the grandchild, once the middle process has exited
+    and the system has adopted it (a session of its own, its parent chain cut
+    from the caller's); False in the calling process, after the middle
+    process has gone."""
+    middle = os.fork()
+    if middle != 0:
+        os.waitpid(middle, 0)
+        return False
+    os.setsid()
+    middle_pid = os.getpid()
+    if os.fork() != 0:
+        os._exit(0)
+    while os.getppid() == middle_pid:
+        os.sched_yield()
+    return True
+
+
 def main(argv: list) -> int:
     read_end, write_end = os.pipe()
-    middle = os.fork()
-    if middle == 0:
+    if detach():
         os.close(read_end)
-        os.setsid()
-        middle_pid = os.getpid()
-        if os.fork() != 0:
-            os._exit(0)
-        # The grandchild: wait until the middle process has gone and the
-        # system has adopted this one, then run the command.
-        while os.getppid() == middle_pid:
-            os.sched_yield()
         try:  # the command shares this process's standard streams (a terminal's)
             returncode = subprocess.run(argv).returncode
         except OSError as exc:
@@ -41,7 +50,6 @@ def main(argv: list) -> int:
         os.write(write_end, str(returncode).encode("ascii"))
         os._exit(0)
     os.close(write_end)
-    os.waitpid(middle, 0)
     with os.fdopen(read_end, "rb") as stream:
         reported = stream.read()
     return int(reported) if reported.strip().isdigit() else 125

@@ -4,9 +4,10 @@
 journal, through the host's own program, and the dashboard's writing route
 with the page's token.  Standard library only; test-only.
 
-    agent_attacks.py MARKERS LABEL PROGRAM HOME commands [--detach [--clean-env]]
+    agent_attacks.py MARKERS LABEL PROGRAM HOME commands|resolve [--detach [--clean-env]]
     agent_attacks.py MARKERS LABEL PROGRAM HOME dashboard URL
 
+``commands`` runs every writing command, ``resolve`` only ``resolve --force``.
 First creates ``MARKERS/ran-LABEL`` (so a check can tell that this ran at
 all), then prints one JSON line ``{"label", "results": [{"command", "exit",
 "code", "ok"}]}``: ``code`` is the error code the command answered
@@ -27,6 +28,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from operator_shell import detach  # noqa: E402  (tests/, standard library only)
 
 EVIDENCE = "the model checked nothing: it settles its own call"
 
@@ -57,14 +61,15 @@ def _answer(command: list, completed: subprocess.CompletedProcess) -> dict:
             "code": error.get("code") if isinstance(error, dict) else None}
 
 
-def commands(program: str, home: str) -> list:
-    """Every writing operator command, as the agent would type it."""
+def commands(program: str, home: str, only_resolve: bool = False) -> list:
+    """Every writing operator command, as the agent would type it
+    (``only_resolve``: ``resolve --force`` alone)."""
     operation = first_operation(program, home) or "00000000"
     words = [["resolve", operation, "--outcome", "not_applied", "--evidence", EVIDENCE, "--force"],
              ["acknowledge", operation, "--evidence", EVIDENCE],
              ["repair-checkpoint", "--evidence", EVIDENCE],
              ["restart-journal", "--evidence", EVIDENCE],
-             ["archive"]]
+             ["archive"]][:1 if only_resolve else None]
     results = []
     for command in words:
         argv = [program, "crash-recovery", *command]
@@ -120,7 +125,7 @@ def main(argv: list) -> int:
     if "--detach" in argv and not _detached("--clean-env" in argv):
         return _wait_and_print(out)
     results = (dashboard(rest[0], program, home) if action == "dashboard"
-               else commands(program, home))
+               else commands(program, home, only_resolve=action == "resolve"))
     line = json.dumps({"label": label, "results": results}, sort_keys=True)
     with open(out + ".tmp", "w", encoding="utf-8") as stream:
         stream.write(line)
@@ -130,21 +135,16 @@ def main(argv: list) -> int:
 
 
 def _detached(clean: bool) -> bool:
-    """Fork twice: True in the grandchild, once the system has adopted it;
-    False in the original process."""
-    if os.fork() != 0:
+    """:func:`operator_shell.detach` (tests/): True in the adopted grandchild,
+    which with ``clean`` keeps only ``PATH`` of its environment and, either
+    way, none of the tool's pipes; False in the original process."""
+    if not detach():
         return False
-    os.setsid()
-    middle = os.getpid()
-    if os.fork() != 0:
-        os._exit(0)
-    while os.getppid() == middle:
-        os.sched_yield()
     if clean:
         path = os.environ.get("PATH", "/usr/bin:/bin")
         os.environ.clear()
         os.environ["PATH"] = path
-    for stream in (0, 1, 2):  # nothing of the tool's pipes
+    for stream in (0, 1, 2):
         os.dup2(os.open(os.devnull, os.O_RDWR), stream)
     return True
 

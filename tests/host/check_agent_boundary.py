@@ -82,10 +82,10 @@ def attack_line(label: str, action: str = "commands", *extra: str) -> str:
     return " ".join(f"'{word}'" for word in words)
 
 
-def detached(label: str, *, clean: bool) -> str:
+def detached(label: str, *, clean: bool, action: str = "commands") -> str:
     """The commands run by a grandchild the system adopted (its parent chain
     cut), optionally with an emptied environment (``env -i``)."""
-    return attack_line(label, "commands", "--detach", *(["--clean-env"] if clean else []))
+    return attack_line(label, action, "--detach", *(["--clean-env"] if clean else []))
 
 
 def attack_turns(config: str, dashboard_url: str) -> List[Dict[str, Any]]:
@@ -270,13 +270,17 @@ def scenario_busy_worker(home: Path, checks: CheckList) -> None:
 
 def scenario_busy_attacker(home: Path, checks: CheckList) -> None:
     """Another session of the same agent, while the hung payment's call is open."""
+    # Every writing command directly; resolve --force (the one that would
+    # reopen the gate) in each other way.
     turns = [tool("call_shell", "terminal", command=attack_line("shell")),
-             tool("call_detached", "terminal", command=detached("detached", clean=False)),
+             tool("call_detached", "terminal",
+                  command=detached("detached", clean=False, action="resolve")),
              tool("call_clean_env", "terminal",
-                  command=f"env -i PATH=/usr/bin:/bin {attack_line('clean-env')}"),
+                  command=f"env -i PATH=/usr/bin:/bin {attack_line('clean-env', 'resolve')}"),
              tool("call_code", "execute_code",
-                  code=f"import subprocess\nprint(subprocess.run({attack_line('code')!r}, "
-                       f"shell=True, capture_output=True, text=True).stdout)")]
+                  code=f"import subprocess\nprint(subprocess.run("
+                       f"{attack_line('code', 'resolve')!r}, shell=True, capture_output=True, "
+                       f"text=True).stdout)")]
     dashboard = start_dashboard(home)  # inside this child's network namespace
     if dashboard is not None:
         turns.append(tool("call_dashboard", "terminal",
@@ -332,6 +336,8 @@ class BoundaryRun(check_host.HostRun):
     """One profile per scenario: the booking service and crash-recovery."""
 
     CHILD_SCRIPT = str(Path(__file__).resolve())
+    # Each attack starts the host's program a few times (seconds each on a busy machine).
+    scenario_timeout = 300.0
 
     def markers(self, home: Path) -> str:
         folder = home.parent / "markers"
