@@ -19,6 +19,10 @@ from unittest import mock
 from test_guard import Downstream, GuardTestCase
 
 from crash_recovery.admission import gate as gate_module
+from crash_recovery.admission.settings import settings_view
+from crash_recovery.host.hermes import summary_text
+from crash_recovery.reports.render import render_text
+from crash_recovery.reports.status import prometheus_text
 from crash_recovery.journal import Journal
 
 # Tools a coding profile leaves unprotected, none of them read-only.
@@ -26,6 +30,7 @@ REACHING_TOOLS = ("terminal", "execute_code", "write_file", "patch", "process", 
                   "browser_navigate", "mcp_files_write", "skill_manage", "cronjob")
 RUN_WHILE_CLOSED = ("read_file", "search_files", "crash_recovery_status", "crash_recovery_verify",
                     "tool_search", "tool_describe")
+PREFIX = ("hermes", "-p", "work", "crash-recovery")
 WRITING_WORDS = ("resolve", "acknowledge", "repair-checkpoint", "restart-journal", "--force",
                  "--outcome", "--evidence")
 
@@ -194,6 +199,17 @@ class AllowedWhileClosed(GuardTestCase):
                          (["terminal", "web_search"], ["terminal"]))
         self.assertEqual(json.loads(guard.status_tool({}))["settings"]["agent_reaches_journal"],
                          ["terminal"])
+        # Every status surface says so: the CLI's text, the gauges, the slash command.
+        report = guard.status_report()
+        warning = ("THE AGENT CAN REACH THE JOURNAL: while the gate is closed it may still run "
+                   "terminal, which may change the journal's files and the plugin's settings")
+        self.assertIn(warning, render_text("status", report, PREFIX))
+        self.assertIn(warning, summary_text(report, PREFIX))
+        self.assertRegex(prometheus_text(report),
+                         r"(?m)^crash_recovery_agent_reaches_journal\{[^}]*\} 1$")
+        self.assertEqual(settings_view(lambda: {"protected_tools": ["send_payment"],
+                                                "allowed_while_closed": ["terminal"]})
+                         ["agent_reaches_journal"], ["terminal"])  # the dashboard's and CLI's
 
     def test_in_read_only_tools_mode_the_configured_list_runs_while_closed(self):
         guard = self.make_guard(read_only_tools=["read_file", "lookup_receipt"])
