@@ -13,7 +13,8 @@ recognises from the operating system's own records (Linux ``/proc``):
 * **the host's markers** in a process's environment as it was started
   (``/proc/PID/environ``, which later changes inside the process do not
   touch): the variables Hermes sets for the subprocesses of its tools
-  (:data:`TOOL_SUBPROCESS_MARKERS`), inherited by everything they start.
+  (:data:`TOOL_SUBPROCESS_MARKERS`, :data:`HERMES_PROCESS_MARKERS`), inherited
+  by everything they start.
 
 A process that left its parent chain (a double fork, ``setsid -f``,
 ``nohup ... &`` once its shell has exited) *and* cleaned its environment
@@ -54,11 +55,11 @@ TOOL_SUBPROCESS_MARKERS: Mapping[str, Optional[str]] = {
 }
 # Variables a Hermes process sets in its *own* environment, so every child
 # inherits them (0.20+: hermes_cli/main.py and gateway/run.py,
-# ``_advertise_agent_env``; every release: the terminal settings exported from
-# config.yaml, cli.py ``_TERMINAL_ENV_MAPPINGS``).  Read only from a start-time
-# environment (/proc), where a command's own Hermes process cannot have added them.
+# ``_advertise_agent_env``).  Read only from a start-time environment (/proc),
+# where a command's own Hermes process cannot have added them.  (Not
+# TERMINAL_ENV, which Hermes also exports: people set it in their own shells.)
 HERMES_PROCESS_MARKERS: Mapping[str, Optional[str]] = {
-    "HERMES_AGENT": None, "AI_AGENT": "hermes-agent", "TERMINAL_ENV": None,
+    "HERMES_AGENT": None, "AI_AGENT": "hermes-agent",
 }
 # More ancestors than any real process tree has (a loop guard).
 MAX_ANCESTORS = 128

@@ -100,8 +100,7 @@ class HermesMarkers(OperatorTestCase):
 
     def test_each_marker_is_recognised_after_a_double_fork(self):
         markers = [(name, value or "1") for name, value in TOOL_SUBPROCESS_MARKERS.items()]
-        markers += [("HERMES_AGENT", "true"), ("AI_AGENT", "hermes-agent"),
-                    ("TERMINAL_ENV", "local")]
+        markers += [("HERMES_AGENT", "true"), ("AI_AGENT", "hermes-agent")]
         for name, value in markers:
             with self.subTest(marker=name):
                 code, document, text = self.from_own_shell(**{name: value})
@@ -109,8 +108,9 @@ class HermesMarkers(OperatorTestCase):
                 self.assertIn(name, document["error"]["message"])
         self.assertEqual(self.cli("status")["unresolved"][0]["operation_id"], self.operation_id)
 
-    def test_another_agents_name_is_not_hermes(self):
-        code, document, text = self.from_own_shell(AI_AGENT="some-other-harness")
+    def test_another_agents_name_and_a_persons_terminal_setting_are_not_markers(self):
+        code, document, text = self.from_own_shell(AI_AGENT="some-other-harness",
+                                                   TERMINAL_ENV="docker")
         self.assertEqual(code, 0, text)
 
     def test_markers_in_an_ancestors_environment_count_too(self):
