@@ -238,7 +238,7 @@ class DashboardCommands:
 def _caller(connection: Optional[tuple]) -> Any:
     """The :class:`caller.Caller` of a request from its connection's two ends."""
     client, server = connection if connection else (None, None)
-    return peer_caller(client, server, {})
+    return peer_caller(client, server)
 
 
 def _list_archives(args: argparse.Namespace, data_dir: str, journal_class: Callable) -> dict:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterator, Mapping, Optional
 
 try:
@@ -111,7 +111,6 @@ class Caller:
     environ: Optional[Mapping[str, str]] = None
     peer: Optional[dict] = None
     problem: Optional[str] = None
-    extra: dict = field(default_factory=dict)
 
     def agent_evidence(self, data_dir: str) -> Optional[Evidence]:
         """The first sign that this caller is inside an agent of the profile
@@ -131,7 +130,7 @@ class Caller:
         found = {**os_identity(), "via": self.via}
         if self.peer is not None:
             found["peer"] = self.peer
-        return {**found, **self.extra}
+        return found
 
 
 def this_process(via: str = VIA_CLI) -> Caller:
@@ -266,28 +265,29 @@ def loopback(address: Optional[str]) -> bool:
     return bool(parsed.is_loopback or (mapped is not None and mapped.is_loopback))
 
 
-def peer_caller(client: Optional[tuple], server: Optional[tuple], extra: dict) -> Caller:
+def peer_caller(client: Optional[tuple], server: Optional[tuple]) -> Caller:
     """The caller of a dashboard request from the TCP connection's two ends
     (``(host, port)``).  A loopback peer is found in /proc/net/tcp{,6} (its
     socket's inode, then the process holding it) and examined like a shell
     command's parent chain; a peer that cannot be found is a ``problem`` (the
-    request is refused).  A non-loopback peer (a dashboard behind Hermes'
-    login on another interface) is another machine: there is no process here
-    to examine."""
-    if not client or not server or not loopback(client[0]) or not _proc_available():
-        return Caller(via=VIA_DASHBOARD, extra=extra)
-    socket_entry = _socket_of(client, server)
+    request is refused; so is a connection whose ends are unknown).  A
+    non-loopback peer (a dashboard behind Hermes' login on another interface)
+    is another machine: there is no process here to examine; without /proc
+    (not Linux) nothing is examined."""
+    if not _proc_available() or (client and not loopback(client[0])):
+        return Caller(via=VIA_DASHBOARD)  # no /proc (not Linux), or another machine
+    socket_entry = _socket_of(client, server) if client and server else None
     if socket_entry is None:
-        return Caller(via=VIA_DASHBOARD, extra=extra, problem=(
+        return Caller(via=VIA_DASHBOARD, problem=(
             "the process that sent this request could not be found"))
     uid, inode = socket_entry
     pid = _process_holding(inode)
     peer = {"pid": pid, "uid": uid, "user": user_name(uid)}
     if pid is None and uid == (os.getuid() if hasattr(os, "getuid") else None):
         # Our own user's process, hidden from us: it cannot be examined.
-        return Caller(via=VIA_DASHBOARD, peer=peer, extra=extra, problem=(
+        return Caller(via=VIA_DASHBOARD, peer=peer, problem=(
             "the process that sent this request could not be examined"))
-    return Caller(via=VIA_DASHBOARD, start_pid=pid, peer=peer, extra=extra,
+    return Caller(via=VIA_DASHBOARD, start_pid=pid, peer=peer,
                   environ={} if pid is None else None)
 
 

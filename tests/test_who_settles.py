@@ -155,21 +155,21 @@ class DashboardPeers(OperatorTestCase):
         for family, host in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
             with self.subTest(host=host):
                 peer, client, server = self.connect(family, host)
-                found = peer_caller(client, server, {})
+                found = peer_caller(client, server)
                 self.assertEqual((found.problem, found.peer["pid"], found.peer["uid"]),
                                  (None, peer.pid, os.getuid()))
                 evidence = found.agent_evidence(self.data_dir)
                 self.assertEqual(evidence.pid, os.getpid())
         guard.close()
         peer, client, server = self.connect(socket.AF_INET, "127.0.0.1")
-        self.assertIsNone(peer_caller(client, server, {}).agent_evidence(self.data_dir))
+        self.assertIsNone(peer_caller(client, server).agent_evidence(self.data_dir))
 
     def test_a_loopback_peer_that_cannot_be_found_is_refused(self):
-        found = peer_caller(("127.0.0.1", 1), ("127.0.0.1", 2), {})
+        found = peer_caller(("127.0.0.1", 1), ("127.0.0.1", 2))
         self.assertEqual(found.problem, "the process that sent this request could not be found")
 
     def test_a_remote_peer_has_no_process_here(self):
-        found = peer_caller(("192.0.2.7", 50000), ("192.0.2.1", 9119), {})
+        found = peer_caller(("192.0.2.7", 50000), ("192.0.2.1", 9119))
         self.assertEqual((found.problem, found.start_pid, found.peer), (None, None, None))
 
 
