@@ -48,7 +48,8 @@ def register(ctx: Any) -> None:
     settings = hermes.settings_reader(ctx)
     guard = RecoveryGuard(hermes.resolve_data_dir, settings=settings,
                           command_prefix=hermes.command_prefix,
-                          registered_tools=hermes.registered_tool_names)
+                          registered_tools=hermes.registered_tool_names,
+                          execution_chain_running=hermes.execution_chain_running)
     ctx.register_middleware("tool_execution", guard.tool_execution)
     ctx.register_hook("pre_tool_call", guard.pre_tool_call)
     ctx.register_hook("post_tool_call", guard.post_tool_call)

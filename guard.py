@@ -34,7 +34,6 @@ and minute), late outcomes.
 from __future__ import annotations
 
 import json
-import logging
 import time
 import uuid
 from typing import Any, Callable, Optional
@@ -51,9 +50,10 @@ from .reports.messages import RECORD_FAILED_ERROR, bounded, command_line
 from .storage.call_lock import CallLock, held_calls
 from .storage.durable import reach_boundary
 from .storage.errors import AdmissionRefused, EncodingError, JournalError
+from .storage.log_lines import plugin_logger
 from .storage.record import fingerprint, value_hash
 
-logger = logging.getLogger(__name__)
+logger = plugin_logger(__name__)
 
 class RecoveryGuard(Gate):
     """Admission, one downstream call, classification, uncertainty (docs/guard.md).
@@ -127,12 +127,14 @@ class RecoveryGuard(Gate):
         try:
             verdict = self._bridge_verdict(tool_name, args)
             if verdict == BRIDGE_PASS or (verdict is None and not self.is_protected(tool_name)):
-                return None
+                refused = self.refusal_while_closed(tool_name, args)  # issue 25: gate closed
+                return None if refused is None else {"action": "block", "message": refused}
             if verdict == BRIDGE_REFUSE:
                 raise Refusal("bridge_call_unresolved", bridge_refusal_explanation(args))
             identity, _ = self._identity(tool_name, args, session_id, tool_call_id)
             if self.poisoned:
                 raise Refusal("guard_poisoned", self.poisoned)
+            self.refuse_unwrapped(identity)  # issue 25: our middleware did not wrap it
             journal = self._open()
             self._check_gate(journal, identity)
             return None
@@ -169,6 +171,10 @@ class RecoveryGuard(Gate):
         verdict = self._bridge_verdict(tool_name, args)
         unprotected = verdict == BRIDGE_PASS or (verdict is None
                                                  and not self.is_protected(tool_name))
+        if unprotected:  # issue 25: while the gate is closed only read-only tools run
+            refused = self.refusal_while_closed(tool_name, args)
+            if refused is not None:
+                return refused
         if not callable(next_call):  # e.g. Hermes' plugins.isolation: host
             self.isolation_problem = ISOLATION_PROBLEM
             if unprotected:

@@ -37,7 +37,8 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 from .admission.settings import needs_attention, settings_view
 from .journal import Journal
 from .reconciliation.commands import CommandError, run_command
-from .reports.messages import next_command, next_step_of, standalone_prefix, status_next_step
+from .reports.messages import (WRITING_COMMANDS, next_command, next_step_of, standalone_prefix,
+                               status_next_step)
 from .reports.render import json_text, log_text_lines, render_text, stdout_takes_unicode
 from .reports.status import (GATE_CLOSED, absent_journal_status, note_platform_problem,
                              prometheus_text)
@@ -51,8 +52,6 @@ FORMATS = ("json", "text", "prometheus")
 # terminal after this many seconds (and every as many after).
 PROGRESS_COMMANDS = ("status", "show", "verify", "checkpoint")
 PROGRESS_SECONDS = 1.0
-# Commands that append to the journal or move its files.
-WRITING_COMMANDS = ("resolve", "acknowledge", "repair-checkpoint", "archive", "restart-journal")
 
 
 class _Parser(argparse.ArgumentParser):

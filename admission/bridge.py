@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, Optional
 
-CATALOG_TOOLS = ("tool_search", "tool_describe")
+from .settings import CATALOG_TOOLS
 BRIDGE_CALL = "tool_call"
 CONNECTOR_PREFIX = "connectors__"
 
@@ -82,6 +82,21 @@ def bridge_verdict(tool_name: Any, args: Any,
     if any(name in CATALOG_TOOLS or name == BRIDGE_CALL or is_protected(name) for name in names):
         return REFUSE
     return PASS
+
+
+def runs_while_closed(tool_name: Any, args: Any, allowed: Callable[[Any], bool]) -> bool:
+    """Whether a call may run while the gate is closed (docs/guard.md §While
+    the gate is closed), decided on the underlying tools: a ``tool_call``
+    runs when every tool it names is ``allowed`` (a connector batch passes:
+    the host sends each entry through the hooks and the middleware as a call
+    of its own); any other call when its own name is."""
+    if tool_name != BRIDGE_CALL:
+        return allowed(tool_name)
+    names = bridge_entries(args)
+    if names is None:
+        return False
+    return (all(name.startswith(CONNECTOR_PREFIX) for name in names)
+            or all(allowed(name) for name in names))
 
 
 def refusal_explanation(args: Any) -> str:

@@ -13,7 +13,6 @@ model's two read-only inspection tools.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import threading
 import time
@@ -23,18 +22,22 @@ from ..reports.chat import chat_status, chat_verify
 from ..reports.messages import (blocked_result, bounded, command_line, in_flight_explanation,
                                 integrity_explanation, next_command, next_step_of,
                                 standalone_prefix, unresolved_explanation)
-from ..reports.status import GATE_CLOSED, settled_views, status_report
+from ..reports.status import (GATE_CLOSED, operation_waits_for_a_person, settled_views,
+                              status_report)
 from ..storage.call_lock import OWNER_RUNNING
 from ..storage.errors import AdmissionRefused, JournalError, JournalUnavailable
+from ..storage.log_lines import plugin_logger
 from ..storage.platform_support import platform_problem
 from ..storage.record import DATABASE_NAME
 from .binding import inherited_admission, live_admission, same_call
+from .bridge import runs_while_closed
+from .closed_gate import journal_present, keeps_gate_open, while_closed_text
 from .settings import (KNOWN_KEYS, MODE_PROTECTED_TOOLS, Settings, parse_settings,
                        tool_names_view, with_attention)
 
 # The guard's logger ("crash_recovery.guard", "hermes_plugins.crash_recovery.guard" inside
 # Hermes): every WARNING an operator alerts on comes from one name.
-logger = logging.getLogger(__name__.rsplit(".", 2)[0] + ".guard")
+logger = plugin_logger(__name__.rsplit(".", 2)[0] + ".guard")
 
 # Refusals are logged at most once per operation (or code) in this many seconds.
 REFUSAL_LOG_INTERVAL_SECONDS = 60.0
@@ -72,6 +75,7 @@ class Gate:
     def __init__(self, data_dir: PathSource, *, settings: Any = None,
                  command_prefix: Optional[Callable[[], Sequence[str]]] = None,
                  registered_tools: Optional[Callable[[], Any]] = None,
+                 execution_chain_running: Optional[Callable[[tuple], bool]] = None,
                  **library_settings: Any):
         unknown = sorted(set(library_settings) - set(KNOWN_KEYS))
         if unknown:
@@ -81,6 +85,9 @@ class Gate:
         self._library_settings = library_settings
         self._command_prefix_source = command_prefix
         self._registered_tools = registered_tools
+        # Issue 25 (item 5): whether the host's execution middleware is running
+        # for a call right now (host/hermes.py); None outside Hermes.
+        self._execution_chain_running = execution_chain_running
         self._first_call_checked = False
         self._mode_hinted = False
         self._settings: Optional[Settings] = None
@@ -308,6 +315,78 @@ class Gate:
         if views:  # none left: every call seen open has just finished
             raise self._open_operations_refusal(views, identity,
                                                 identity[0] if identity else "this tool")
+
+    # ------------------------------------------ issue 25: while closed --
+    # (docs/guard.md §While the gate is closed; admission/closed_gate.py)
+
+    def refusal_while_closed(self, tool_name: Any, args: Any) -> Optional[str]:
+        """For an unprotected call: None when it may run, or the blocked JSON
+        when the gate is closed and the tool is not one that runs then.  One
+        verified read of the journal (none before a journal exists); never
+        raises."""
+        try:
+            settings = self.settings()
+            if runs_while_closed(tool_name, args, settings.runs_while_closed):
+                return None
+            cause = self._closed_cause()
+        except Exception as exc:  # fail closed on our own bugs too
+            logger.exception("crash-recovery: the closed-gate check failed")
+            settings = self.settings()
+            cause = Refusal("internal_error", f"The crash-recovery guard failed "
+                            f"({type(exc).__name__}). Tell the user an operator must check it.")
+        if cause is None:
+            return None
+        return self._blocked(Refusal(cause.code, while_closed_text(
+            str(bounded(str(tool_name))), cause.explanation, settings.while_closed()),
+            cause.operations))
+
+    def _closed_cause(self) -> Optional[Refusal]:
+        """What closes the gate now (the refusal a protected call would get),
+        or None while it is open or busy."""
+        if self.poisoned:
+            return Refusal("guard_poisoned", self.poisoned)
+        if self._journal is None:
+            try:
+                source = self._data_dir_source
+                directory: Optional[str] = str(source() if callable(source) else source)
+            except Exception:
+                directory = None  # no data directory yet: nothing can be open
+            if not journal_present(directory):
+                return None
+        try:
+            journal = self._open()
+            read = self._open_now(None)
+            waiting = [view for view in settled_views(read(), read, journal.data_dir)
+                       if operation_waits_for_a_person(view)]
+        except Refusal as refusal:  # the journal failed (the reader says how)
+            return None if keeps_gate_open(refusal.code) else refusal
+        except JournalError as exc:
+            return None if keeps_gate_open(exc.code) else self._refusal_from(exc)
+        return self._open_operations_refusal(waiting, None) if waiting else None
+
+    def refuse_unwrapped(self, identity: tuple) -> None:
+        """Issue 25 (item 5): raise :class:`Refusal` ``middleware_not_run``
+        when the hook sees a protected call that the host's execution
+        middleware is running right now without an admission of ours bound:
+        our middleware did not wrap it (the host read its middleware list
+        before this plugin had registered).  On paths where the hook runs
+        before the middleware (Hermes 0.19, and 0.20+'s
+        ``model_tools.handle_function_call``) the host is not running that
+        chain yet, and the middleware still decides."""
+        binding = live_admission()
+        if binding is not None and same_call(binding.identity, identity):
+            return
+        running = self._execution_chain_running
+        if running is None or not running(identity):
+            return
+        logger.warning("crash-recovery: refused %s (session %s, call %s): the host ran it "
+                       "without crash-recovery's middleware (its plugins were still loading "
+                       "when the call began); nothing ran and nothing was journaled",
+                       identity[0], identity[1], identity[2])
+        raise Refusal("middleware_not_run", f"{identity[0]} was refused and not run: Hermes "
+                      "started it before crash-recovery, which records protected calls before "
+                      "they run, had finished loading. Nothing was run. Ask again in a moment; "
+                      "do not retry automatically in a loop.")
 
     def _blocked(self, refusal: Refusal) -> str:
         self._warn_once(f"refused:{refusal.code}:{','.join(op['operation_id'] for op in refusal.operations)}",

@@ -27,8 +27,20 @@ DEFAULT_READ_ONLY_TOOLS = ("read_file", "search_files")
 INSPECTION_TOOLS = ("crash_recovery_status", "crash_recovery_verify")
 MODE_READ_ONLY_TOOLS = "read_only_tools"
 MODE_PROTECTED_TOOLS = "protected_tools"
-KNOWN_KEYS = ("read_only_tools", "protected_tools", "full_verification",
+KNOWN_KEYS = ("read_only_tools", "protected_tools", "allowed_while_closed", "full_verification",
               "full_verification_interval", "archive_after_events", "busy_timeout")
+# Tool Search's catalog reads (admission/bridge.py): they run whatever the gate says.
+CATALOG_TOOLS = ("tool_search", "tool_describe")
+# Hermes' own read-only built-ins, the ones that cannot run a command, write a
+# file or start an agent: its parallel-safe list (agent/tool_dispatch_helpers.py,
+# _PARALLEL_SAFE_TOOLS) and the no-effect list of its interrupted-call cleanup
+# (agent/tool_result_classification.py, NO_EFFECT_TOOL_NAMES).  A tool that runs
+# while the gate is closed and is not listed here counts as one that may reach
+# the journal and the settings (docs/guard.md §While the gate is closed).
+KNOWN_READ_ONLY_TOOLS = frozenset((
+    "read_file", "search_files", "session_search", "skill_view", "skills_list", "web_search",
+    "web_extract", "vision_analyze", "ha_get_state", "ha_list_entities", "ha_list_services",
+    "browser_snapshot", "browser_get_images", "browser_console", "read_terminal"))
 
 
 @dataclass(frozen=True)
@@ -37,6 +49,8 @@ class Settings:
 
     ``mode``: ``read_only_tools`` (every tool except ``tools`` and the
     inspection tools is protected) or ``protected_tools`` (only ``tools`` are).
+    ``allowed_while_closed``: tools an operator lets run while the gate is
+    closed, beyond the read-only list (docs/guard.md §While the gate is closed).
     ``full_verification_interval`` and ``busy_timeout`` in seconds;
     ``archive_after_events``: archive automatically at this live-segment
     length, or None (off).  ``problem``: why the configured value could not be
@@ -44,6 +58,7 @@ class Settings:
     """
     mode: str = MODE_READ_ONLY_TOOLS
     tools: frozenset = frozenset(DEFAULT_READ_ONLY_TOOLS)
+    allowed_while_closed: frozenset = frozenset()
     full_verification: bool = False
     full_verification_interval: float = DEFAULT_FULL_VERIFICATION_INTERVAL_SECONDS
     archive_after_events: Optional[int] = None
@@ -62,9 +77,42 @@ class Settings:
             return tool_name in self.tools
         return tool_name not in self.tools
 
+    def while_closed(self) -> frozenset:
+        """The tools that run while the gate is closed (an operation awaits a
+        person, the journal fails verification, or the guard is poisoned):
+        the read-only list -- the configured one in ``read_only_tools`` mode,
+        the default pair in ``protected_tools`` mode -- plus
+        ``allowed_while_closed``, the inspection tools and Tool Search's
+        catalog reads.  Every other call is refused then, journaled or not."""
+        read_only = (frozenset(DEFAULT_READ_ONLY_TOOLS) if self.mode == MODE_PROTECTED_TOOLS
+                     else self.tools)
+        candidates = read_only | self.allowed_while_closed
+        # A protected tool never runs while closed (its own gate refuses it).
+        return frozenset(name for name in candidates if not self.is_protected(name)) | frozenset(
+            INSPECTION_TOOLS) | frozenset(CATALOG_TOOLS)
+
+    def runs_while_closed(self, tool_name: Any) -> bool:
+        """Whether a call of ``tool_name`` may run while the gate is closed
+        (:meth:`while_closed`); names that are not text never do."""
+        return isinstance(tool_name, str) and tool_name in self.while_closed()
+
+    def reaching_tools(self) -> list:
+        """The tools that run while the gate is closed and are not known to be
+        read-only (:data:`KNOWN_READ_ONLY_TOOLS`), sorted: through any of them
+        the agent may reach the journal's files and the plugin's settings
+        while a person has not settled an operation."""
+        return sorted(self.while_closed() - KNOWN_READ_ONLY_TOOLS - frozenset(INSPECTION_TOOLS)
+                      - frozenset(CATALOG_TOOLS))
+
     def to_json(self) -> dict:
-        """The settings as shown by ``status``."""
+        """The settings as shown by ``status``: the mode and its list, the
+        other settings, ``allowed_while_closed``, ``while_closed`` (what runs
+        while the gate is closed) and ``agent_reaches_journal`` (those of them
+        not known to be read-only: :meth:`reaching_tools`)."""
         shown = {"mode": self.mode, self.mode: sorted(self.tools),
+                 "allowed_while_closed": sorted(self.allowed_while_closed),
+                 "while_closed": sorted(self.while_closed()),
+                 "agent_reaches_journal": self.reaching_tools(),
                  "full_verification": self.full_verification,
                  "full_verification_interval": self.full_verification_interval,
                  "archive_after_events": self.archive_after_events,
@@ -204,8 +252,19 @@ def _parse(raw: Any) -> Settings:
             # Surely a mistake (an empty `hermes config set`): it would protect nothing.
             raise ValueError("protected_tools is empty, which would protect nothing; list the "
                              "tools to protect, or remove it for the default mode")
+        allowed = raw.get("allowed_while_closed")
+        allowed = () if allowed is None else parse_tool_list(allowed, "allowed_while_closed")
+        protected = sorted(name for name in allowed if name not in INSPECTION_TOOLS and (
+            name not in tools if mode == MODE_READ_ONLY_TOOLS else name in tools))
+        if protected:
+            # A protected tool is refused while closed whatever this says: a
+            # silent no-op would hide what the operator meant.
+            raise ValueError(f"allowed_while_closed names {', '.join(protected)}, which {mode} "
+                             "protects; a protected tool never runs while the gate is closed. "
+                             "List only unprotected tools there (in read_only_tools mode, the "
+                             "read_only_tools list is what runs while closed)")
         return Settings(
-            mode=mode, tools=frozenset(tools),
+            mode=mode, tools=frozenset(tools), allowed_while_closed=frozenset(allowed),
             full_verification=_flag(raw.get("full_verification", False), "full_verification"),
             full_verification_interval=_seconds(
                 raw.get("full_verification_interval", DEFAULT_FULL_VERIFICATION_INTERVAL_SECONDS),

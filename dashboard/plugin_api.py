@@ -125,11 +125,27 @@ async def acknowledge(operation_id: str, request: Request) -> Response:
     return await _settle(commands.acknowledge, operation_id, request)
 
 
+def _connection(request: Request) -> tuple:
+    """``((client host, port), (server host, port))`` of the request's TCP
+    connection (either may be None)."""
+    client = (request.client.host, request.client.port) if request.client else None
+    server = request.scope.get("server")
+    return client, (tuple(server) if server else None)
+
+
 async def _settle(command: Any, operation_id: str, request: Request) -> Response:
     """A writing command with the request's JSON body and the dashboard's
     identity, run off the event loop (it fsyncs and may wait for the
-    journal's writer lock)."""
+    journal's writer lock).  Refused when a page of another origin sent it
+    (``foreign_origin``) or its sending process is inside an agent
+    (``run_by_agent``, found from the connection in the threadpool)."""
+    problem = _dashboard.origin_problem(request.headers.get("origin"),
+                                        request.headers.get("host"),
+                                        request.headers.get("sec-fetch-site"))
+    if problem:
+        return _answer(_dashboard.refused_origin(problem))
     body, refused = await _json_body(request)
     if refused:
         return _answer(refused)
-    return _answer(await run_in_threadpool(command, operation_id, body, _operator(request)))
+    return _answer(await run_in_threadpool(command, operation_id, body, _operator(request),
+                                           _connection(request)))

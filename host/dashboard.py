@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import argparse
 import threading
+import urllib.parse
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ..admission.settings import settings_view
+from ..reconciliation.caller import peer_caller
 from ..reconciliation.commands import command_log, run_command
 from ..reports.messages import hermes_prefix, next_command, next_step_of, status_next_step
 from ..reports.status import GATE_CLOSED, GATE_OPEN, note_platform_problem
@@ -34,6 +36,8 @@ from .program import host_program
 # every other refusal and every integrity verdict is 409.
 BAD_REQUEST_CODES = frozenset({"usage", "invalid_evidence", "invalid_operation_id"})
 NOT_FOUND_CODES = frozenset({"unknown_operation"})
+# Refused for who sent it (docs/dashboard.md §Who may settle).
+FORBIDDEN_CODES = frozenset({"run_by_agent", "foreign_origin"})
 OUTCOMES = ("completed", "not_applied")
 # What a request body may hold, per writing command.
 RESOLVE_FIELDS = {"outcome", "evidence", "force"}
@@ -46,11 +50,14 @@ _JOURNAL_ACCESS = threading.Lock()
 
 
 def http_status(document: dict) -> int:
-    """The HTTP status of an error document: 400 (bad input), 404 (no such
-    operation) or 409 (refused, or the journal cannot be trusted)."""
+    """The HTTP status of an error document: 400 (bad input), 403 (sent by an
+    agent, or by a page of another origin), 404 (no such operation) or 409
+    (refused, or the journal cannot be trusted)."""
     code = (document.get("error") or {}).get("code")
     if code in BAD_REQUEST_CODES:
         return 400
+    if code in FORBIDDEN_CODES:
+        return 403
     return 404 if code in NOT_FOUND_CODES else 409
 
 
@@ -66,6 +73,45 @@ def dashboard_operator(session: Any = None, client: Optional[str] = None) -> dic
         user = {name: _bounded(getattr(session, name, None))
                 for name in ("user_id", "email", "display_name", "provider")}
     return {"via": "dashboard", "dashboard_user": user, "client": _bounded(client)}
+
+
+def origin_problem(origin: Optional[str], host: Optional[str],
+                   fetch_site: Optional[str]) -> Optional[str]:
+    """Why a writing request must be refused for where it came from, or None:
+    a browser names the page that sent it (``Origin``, ``Sec-Fetch-Site``),
+    and only the dashboard's own page may settle.  Hermes' CORS admits every
+    loopback port, so a page served on another port (or a sandboxed frame,
+    ``Origin: null``) is refused here.  A request without ``Origin`` (not from
+    a browser page) is judged by its sending process instead."""
+    if fetch_site is not None and fetch_site.strip().lower() not in ("same-origin", "none"):
+        return f"the request came from another site's page (Sec-Fetch-Site: {fetch_site[:40]})"
+    if origin is None:
+        return None
+    own = _netloc(host)
+    try:
+        parsed = urllib.parse.urlsplit(origin.strip())
+        sent = _netloc(parsed.netloc) if parsed.scheme in ("http", "https") else None
+    except ValueError:
+        sent = None
+    if sent is None or own is None or sent != own:
+        return f"the request came from a page of another origin ({origin[:80]!r})"
+    return None
+
+
+def _netloc(text: Optional[str]) -> Optional[str]:
+    """``host:port`` in lower case, the default port spelled out; None if empty."""
+    if not text:
+        return None
+    text = text.strip().lower()
+    return text if ":" in text.rsplit("]", 1)[-1] else text + ":80"
+
+
+def refused_origin(problem: str) -> tuple:
+    """``(foreign_origin error document, 403)``."""
+    document = {"ok": False, "error": {
+        "code": "foreign_origin", "message": f"refused: {problem}. Settle from the dashboard's "
+        "own Crash recovery page (not inside another page or frame)"}}
+    return document, http_status(document)
 
 
 def _bounded(value: Any) -> Optional[str]:
@@ -159,9 +205,13 @@ class DashboardCommands:
 
     # ------------------------------------------------------------- writing --
 
-    def resolve(self, operation_id: Any, body: Any, operator_via: dict) -> tuple:
+    def resolve(self, operation_id: Any, body: Any, operator_via: dict,
+                connection: Optional[tuple] = None) -> tuple:
         """``resolve OP --outcome O --evidence E [--force]`` from a JSON body
-        ``{"outcome", "evidence", "force"?}``; the same refusals as the CLI."""
+        ``{"outcome", "evidence", "force"?}``; the same refusals as the CLI.
+        ``connection``: ``((client host, port), (server host, port))`` of the
+        request, whose sending process must not be inside an agent
+        (``run_by_agent``, docs/dashboard.md §Who may settle)."""
         problem = _body_problem(body, RESOLVE_FIELDS)
         if problem is None and body.get("outcome") not in OUTCOMES:
             problem = "outcome must be completed or not_applied"
@@ -171,15 +221,24 @@ class DashboardCommands:
             return usage(problem)
         return self._run("resolve", operation_id=str(operation_id), outcome=body["outcome"],
                          evidence=body["evidence"], force=body.get("force", False),
-                         operator_via=operator_via)
+                         operator_via=operator_via, caller=_caller(connection))
 
-    def acknowledge(self, operation_id: Any, body: Any, operator_via: dict) -> tuple:
-        """``acknowledge OP --evidence E`` from a JSON body ``{"evidence"}``."""
+    def acknowledge(self, operation_id: Any, body: Any, operator_via: dict,
+                    connection: Optional[tuple] = None) -> tuple:
+        """``acknowledge OP --evidence E`` from a JSON body ``{"evidence"}``
+        (``connection`` as for :meth:`resolve`)."""
         problem = _body_problem(body, ACKNOWLEDGE_FIELDS)
         if problem:
             return usage(problem)
         return self._run("acknowledge", operation_id=str(operation_id),
-                         evidence=body["evidence"], operator_via=operator_via)
+                         evidence=body["evidence"], operator_via=operator_via,
+                         caller=_caller(connection))
+
+
+def _caller(connection: Optional[tuple]) -> Any:
+    """The :class:`caller.Caller` of a request from its connection's two ends."""
+    client, server = connection if connection else (None, None)
+    return peer_caller(client, server)
 
 
 def _list_archives(args: argparse.Namespace, data_dir: str, journal_class: Callable) -> dict:

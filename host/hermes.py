@@ -16,13 +16,14 @@ turn that into a clear refusal).
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ..admission.settings import KNOWN_KEYS
 from ..reports.chat import chat_error
 from ..reports.messages import (bounded, command_line, describe_age, hermes_prefix,
-                                next_command, status_next_step)
+                                next_command, reach_warning, status_next_step)
 from ..reports.status import GATE_CLOSED, operation_waits_for_a_person
 from ..storage.errors import JournalError
 from .program import host_program
@@ -150,6 +151,47 @@ def registered_tool_names(load: bool = False) -> Optional[list]:
         return None
 
 
+# Where Hermes runs a tool call through the tool_execution middleware: the same
+# function in 0.19.0, 0.20.1 and 0.22.2, ``run_tool_execution_middleware(
+# tool_name, args, next_call, **context)`` with the call's id in ``context``.
+EXECUTION_RUNNER_MODULE = "hermes_cli.middleware"
+EXECUTION_RUNNER = "run_tool_execution_middleware"
+
+
+def execution_chain_running(identity: tuple) -> bool:
+    """Whether the host is running its tool-execution middleware for the call
+    ``identity`` (``(tool_name, session_id, tool_call_id, ...)``) right now, in
+    any thread: a frame of :data:`EXECUTION_RUNNER` whose ``tool_name`` and
+    ``context["tool_call_id"]`` are this call's (docs/guard.md §Inside
+    Hermes, "The gate on every path").  Hermes 0.20+ runs the
+    ``pre_tool_call`` hooks of its agent loop inside that runner's
+    ``next_call`` (0.22 on a ``hermes-hook-*`` thread, while the runner's
+    thread waits), so a hook that finds it running and no admission of ours
+    bound knows our middleware did not wrap the call.  Where the hook runs
+    first (0.19; 0.20+'s ``model_tools.handle_function_call``, which
+    ``execute_code``'s RPC bridge and connector batches use) the runner has
+    not started yet.  A call without a tool-call id cannot be told apart:
+    False.  Outside Hermes (no such module loaded): False.  Never raises."""
+    try:
+        tool_name, tool_call_id = identity[0], identity[2]
+        module = sys.modules.get(EXECUTION_RUNNER_MODULE)
+        code = getattr(getattr(module, EXECUTION_RUNNER, None), "__code__", None)
+        if not tool_call_id or code is None:
+            return False
+        for frame in sys._current_frames().values():
+            while frame is not None:
+                if frame.f_code is code:
+                    local = frame.f_locals
+                    context = local.get("context")
+                    if (local.get("tool_name") == tool_name and isinstance(context, dict)
+                            and context.get("tool_call_id") == tool_call_id):
+                        return True
+                frame = frame.f_back
+    except Exception:
+        return False
+    return False
+
+
 def slash_command(status_report: Callable[[], dict]) -> Callable[[str], str]:
     """The ``/crash-recovery`` handler: a read-only summary of
     ``status_report()`` (the guard's).  It never resolves anything."""
@@ -209,6 +251,9 @@ def summary_text(status: dict, prefix: tuple) -> str:
     problem = (status.get("settings") or {}).get("problem")
     if problem:
         lines.append(f"! settings problem (every tool is protected until fixed): {problem}")
+    reach = reach_warning((status.get("settings") or {}).get("agent_reaches_journal") or [])
+    if reach:
+        lines.append(f"! {reach}")
     lines.append("This command only reports; it never resolves anything. Settling an outcome "
                  "needs a person who has stopped the workers and checked the real service.")
     return "\n".join(lines)

@@ -14,22 +14,22 @@ journal (docs/cli.md §operator.log).
 from __future__ import annotations
 
 import argparse
-import getpass
 import json
 import os
 import re
-import socket
 import stat
 import time
 import uuid
 from typing import Any, Callable, Optional
 
-from ..reports.messages import iso_utc, next_command, next_step_of, operation_view
+from ..reports.messages import (WRITING_COMMANDS, iso_utc, next_command, next_step_of,
+                                operation_view)
 from ..reports.status import status_report
 from ..storage.durable import fsync_directory, open_regular_file, read_regular_file
 from ..storage.errors import AdmissionRefused, JournalError
 from ..storage.call_lock import OWNER_RUNNING, held_calls, probe_owner
 from ..storage.record import CHECKPOINT_NAME, canonical_text
+from .caller import Caller, os_identity, this_process
 from .evidence import read_evidence
 from .restart import RestartRefused, restart_journal
 
@@ -170,7 +170,12 @@ def _read_checkpoint_file(path: str) -> Any:
 def _append_operator_log(data_dir: str, entry: dict) -> Optional[str]:
     """Append one JSON line and fsync; returns an error text instead of raising
     (the journal event is already durable and is the source of truth)."""
-    line = (canonical_text(entry) + "\n").encode("utf-8")
+    # One action, one line, for any reader: the separators JSON leaves raw
+    # (NEL, U+2028, U+2029) break lines for many, so they are escaped too.
+    text = canonical_text(entry)
+    for separator in ("\x85", "\u2028", "\u2029"):
+        text = text.replace(separator, f"\\u{ord(separator):04x}")
+    line = (text + "\n").encode("utf-8")
     try:
         descriptor = open_regular_file(os.path.join(data_dir, OPERATOR_LOG_NAME),
                                        os.O_WRONLY | os.O_APPEND | os.O_CREAT)
@@ -206,22 +211,49 @@ def read_operator_log(data_dir: str) -> list:
 
 
 def operator_identity() -> dict:
-    """Who runs this command: ``{"user", "uid", "host"}`` (recorded with every
-    resolution, acknowledgement and repair)."""
-    try:
-        user = getpass.getuser()
-    except Exception:  # no name for this uid (a container): the uid still says who
-        user = None
-    return {"user": user, "uid": os.getuid() if hasattr(os, "getuid") else None,
-            "host": socket.gethostname()}
+    """Who runs this command as far as the system knows: ``{"uid", "user",
+    "host"}`` (:func:`caller.os_identity`: the password database's name for the
+    uid, never ``$USER``)."""
+    return os_identity()
+
+
+def command_caller(args: argparse.Namespace) -> Caller:
+    """The :class:`caller.Caller` of a command: ``args.caller`` (the
+    dashboard's request peer), else this process run from a shell (``cli``)."""
+    caller = getattr(args, "caller", None)
+    return caller if isinstance(caller, Caller) else this_process()
 
 
 def acting_operator(args: argparse.Namespace) -> dict:
-    """Who acts: :func:`operator_identity` plus what the caller knows of the
-    person (``args.operator_via``, e.g. the dashboard's ``{"via": "dashboard",
+    """Who acts: the caller's identity (uid, user, host, ``via``, for the
+    dashboard its request peer) plus what the caller knows of the person
+    (``args.operator_via``, e.g. the dashboard's ``{"via": "dashboard",
     "dashboard_user": ...}``, docs/dashboard.md); recorded in the journal event
     and in ``operator.log``."""
-    return {**operator_identity(), **(getattr(args, "operator_via", None) or {})}
+    return {**command_caller(args).identity(), **(getattr(args, "operator_via", None) or {})}
+
+
+def refuse_agent(command: str, args: argparse.Namespace, data_dir: str) -> None:
+    """Raise :class:`CommandError` ``run_by_agent`` when a command that changes
+    the journal comes from inside an agent of this profile (docs/cli.md §Who
+    may settle): only a person settles, from their own shell or browser."""
+    caller = command_caller(args)
+    where = ("this request came from" if caller.via == "dashboard"
+             else "it was run from")
+    if caller.problem:
+        raise CommandError("run_by_agent", f"{command} was refused: {caller.problem}, so it "
+                           "cannot be told apart from an agent of this profile. Open the "
+                           "dashboard in your own browser, or run the command from your own "
+                           "shell")
+    evidence = caller.agent_evidence(data_dir)
+    if evidence is None:
+        return
+    own = ("open the dashboard in a browser you started yourself" if caller.via == "dashboard"
+           else "run this from your own shell, not from the agent's tools")
+    raise CommandError("run_by_agent", f"{command} was refused: {where} inside an agent of "
+                       f"this profile (process {evidence.pid} {evidence.program!r} "
+                       f"{evidence.why}). Only a person settles the journal: {own}",
+                       agent=evidence.to_json())
 
 
 def _log_action(data_dir: str, action: str, result: dict,
@@ -424,7 +456,7 @@ def command_repair(args: argparse.Namespace, data_dir: str, journal_class: Journ
               "lost_operation": lost,
               "unresolved": [operation_view(operation, data_dir)
                              for operation in unresolved]}
-    _log_action(data_dir, "repair-checkpoint", result, evidence=evidence,
+    _log_action(data_dir, "repair-checkpoint", result, acting_operator(args), evidence=evidence,
                 checkpoint_before=before, checkpoint_after=after, lost_event=lost_event,
                 lost_operation=lost)
     return result
@@ -445,7 +477,7 @@ def command_archive(args: argparse.Namespace, data_dir: str, journal_class: Jour
     with journal_class(data_dir, create=False) as journal:
         sealed = journal.archive()
     result = {"ok": True, "integrity": "ok", "data_dir": data_dir, **sealed}
-    _log_action(data_dir, "archive", result, archived=sealed["archived"],
+    _log_action(data_dir, "archive", result, acting_operator(args), archived=sealed["archived"],
                 checkpoint_before=sealed["checkpoint_before"],
                 checkpoint_after=sealed["checkpoint_after"])
     return result
@@ -491,6 +523,8 @@ def run_command(command: "str | Callable[..., dict]", args: argparse.Namespace, 
     dashboard answer with exactly this."""
     function = COMMANDS[command] if isinstance(command, str) else command
     try:
+        if command in WRITING_COMMANDS:
+            refuse_agent(command, args, data_dir)
         return function(args, data_dir, journal_class), True
     except CommandError as exc:
         result = {"ok": False, "error": {"code": exc.code, "message": exc.message, **exc.details}}

@@ -42,8 +42,9 @@ from ..reports.messages import INTEGRITY_VERDICTS
 from ..storage.archive import ARCHIVE_DIRECTORY
 from ..storage.chain import Chain, PossibleReuse, extend_chain
 from ..storage.database import DEFAULT_BUSY_TIMEOUT_SECONDS
-from ..storage.durable import (TEMP_SUFFIX, fsync_directory, fsync_file, process_alive,
-                               reach_boundary, read_regular_file, write_atomically)
+from ..storage.durable import (PRIVATE_DIRECTORY_MODE, PRIVATE_FILE_MODE, TEMP_SUFFIX,
+                               fsync_directory, fsync_file, process_alive, reach_boundary,
+                               read_regular_file, write_atomically)
 from ..storage.errors import IntegrityError, JournalError, JournalUnavailable
 from ..storage.call_lock import held_calls
 from ..storage.record import (CHECKPOINT_NAME, DATABASE_NAME, INTENT_NAME, LOST_TOOL, MARKER_NAME,
@@ -91,6 +92,7 @@ def _copy_for_reading(data_dir: str, reading_dir: str) -> Optional[str]:
             continue
         target = os.path.join(reading_dir, DATABASE_NAME + suffix)
         shutil.copyfile(source, target, follow_symlinks=False)
+        os.chmod(target, PRIVATE_FILE_MODE)
         if not suffix:
             copied = target
     return copied
@@ -306,7 +308,8 @@ def restart_journal(data_dir: str, journal_class: Callable[..., Any], *, evidenc
                   "evidence_directory": folder}
         after = _build_new_journal(staging, record, state, lost, evidence, operator, now_ns)
         evidence_dir = os.path.join(data_dir, folder)
-        os.makedirs(evidence_dir, 0o700)
+        os.makedirs(os.path.dirname(evidence_dir), PRIVATE_DIRECTORY_MODE, exist_ok=True)
+        os.mkdir(evidence_dir, PRIVATE_DIRECTORY_MODE)
         fsync_directory(os.path.dirname(evidence_dir))
         fsync_directory(data_dir)
         # The new journal's genesis checkpoint: never equal to what the

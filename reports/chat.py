@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from .messages import (INTEGRITY_VERDICTS, bounded, command_line, next_command,
-                       status_next_step)
+from .messages import (INTEGRITY_VERDICTS, WRITING_COMMANDS, bounded, command_line,
+                       first_waiting, next_command, status_next_step)
 
 # The fields of an operation a person needs to find the call in the real service.
 OPERATION_FIELDS = ("operation_id", "tool", "state", "reason", "outcome", "late_reason",
@@ -39,9 +39,11 @@ def chat_status(report: dict, prefix: Optional[Sequence[str]]) -> dict:
     ``integrity``, ``gate``, ``events``, ``call_running``,
     ``resolved_calls_running`` (how many force-resolved calls still run), ``unresolved`` and
     ``attention`` (the fields of :data:`OPERATION_FIELDS`), ``settings``,
-    ``error`` (:func:`chat_error`), ``operator_command`` (``status``) and
-    ``next`` (the command that moves things forward), plus any other field
-    the report carries (e.g. a problem of the host)."""
+    ``error`` (:func:`chat_error`), ``operator_command`` (``status``),
+    ``next`` (:func:`chat_next_step`: how a person looks at what must be
+    settled; never a command that changes the journal) and ``needs_a_person``
+    (a sentence, or null), plus any other field the report carries (e.g. a
+    problem of the host)."""
     shown = {key: bounded(value) for key, value in report.items() if key not in OPERATOR_ONLY}
     shown["events"] = (report.get("checkpoint") or {}).get("count")
     shown["call_running"] = bool(report.get("in_flight"))
@@ -52,8 +54,40 @@ def chat_status(report: dict, prefix: Optional[Sequence[str]]) -> dict:
     if report.get("error"):
         shown["error"] = chat_error(report["error"])
     shown["operator_command"] = command_line(prefix, "status") if prefix else None
-    shown["next"] = next_command(prefix, status_next_step(report)) if prefix else None
+    step = chat_next_step(report)
+    shown["next"] = next_command(prefix, step) if prefix and step else None
+    shown["needs_a_person"] = needs_a_person(report)
     return shown
+
+
+def chat_next_step(report: dict) -> Optional[tuple]:
+    """The operator's next step (:func:`status_next_step`) as a model may
+    relay it: a command that changes the journal becomes the one that shows
+    what a person must settle (``show OP``, else ``status``; ``verify`` for an
+    integrity verdict).  Only a person runs the writing commands, from their
+    own shell (docs/guard.md §What the model is told)."""
+    step = status_next_step(report)
+    if not step or step[0] not in WRITING_COMMANDS:
+        return step
+    if step[0] in ("resolve", "acknowledge"):
+        return ("show", step[1])
+    return ("verify",)
+
+
+def needs_a_person(report: dict) -> Optional[str]:
+    """A sentence for the user when a person must act, else None."""
+    waiting = first_waiting(report.get("unresolved") or [])
+    if not report.get("ok"):
+        return ("A person must look at the crash-recovery journal: protected calls are refused "
+                "until they have.")
+    if report.get("gate") == "closed" and waiting is not None:
+        return (f"A person must check the real service and settle operation "
+                f"{waiting['operation_id']}; until then protected calls are refused and only "
+                f"read-only tools run.")
+    if report.get("attention"):
+        return (f"A person must compare the late outcome of operation "
+                f"{report['attention'][0]['operation_id']} with its resolution.")
+    return None
 
 
 def chat_verify(report: dict) -> dict:

@@ -22,6 +22,10 @@ from ..storage.call_lock import OWNER_RUNNING, probe_owner
 
 
 BLOCKED_ERROR = "crash_recovery_blocked"
+# The operator commands that change the journal or move its files: only a
+# person runs them, and nothing a model is told names them (docs/guard.md
+# §What the model is told).
+WRITING_COMMANDS = ("resolve", "acknowledge", "repair-checkpoint", "archive", "restart-journal")
 RECORD_FAILED_ERROR = "crash_recovery_record_failed"
 # The plugin directory is this folder's parent.
 OPERATOR_CLI_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -250,16 +254,51 @@ def _described(operations: list) -> str:
 
 def unresolved_explanation(operations: list, prefix: Optional[Sequence[str]]) -> str:
     """Words a model relays to its user instead of retrying.  ``operations`` are
-    :func:`operation_view` dicts of the operations whose outcome is unknown."""
-    first = operations[0]["operation_id"] if operations else "<OPERATION_ID>"
-    command = (command_line(prefix, "resolve", first, "--outcome", "<completed|not_applied>",
-                            "--evidence", "<what you checked>")
-               if prefix else "the crash-recovery resolve command")
+    :func:`operation_view` dicts of the operations whose outcome is unknown.
+    They name no command that changes the journal: only a person settles an
+    operation, and the model is told how that person can look at it (``show``)."""
+    first = operations[0]["operation_id"] if operations else None
     return (f"Protected tool calls are paused. An earlier call's outcome is unknown: "
             f"{_described(operations)}. It may or may not have taken effect, so repeating it "
-            f"could duplicate a booking, payment or message. Do not retry. Tell the user that a "
-            f"person must check the real service and then settle it with (replacing the <...> "
-            f"parts): {command}")
+            f"could duplicate a booking, payment or message. Do not retry, and do not try to "
+            f"settle it yourself: only a person can. Tell the user that a person must check "
+            f"the real service and settle {_named(first)}; {look_at(prefix, first)}")
+
+
+def _named(operation_id: Optional[str]) -> str:
+    return f"operation {operation_id}" if operation_id else "the open operation"
+
+
+def look_at(prefix: Optional[Sequence[str]], operation_id: Optional[str]) -> str:
+    """How the person looks at an operation (``show``; ``status`` when no id is
+    known): the only command a model-facing text names for it."""
+    if operation_id is None:
+        return (f"they can see it with: {command_line(prefix, 'status')}" if prefix
+                else "they can see it with the crash-recovery status command")
+    return (f"they can look at it with: {command_line(prefix, 'show', operation_id)}" if prefix
+            else f"they can look at it with the crash-recovery show command ({operation_id})")
+
+
+def reach_warning(tools: Sequence[str]) -> Optional[str]:
+    """What every status surface says when the settings let the agent run,
+    while the gate is closed, tools not known to be read-only (``tools``:
+    ``settings.agent_reaches_journal``), or None when there are none."""
+    if not tools:
+        return None
+    return (f"THE AGENT CAN REACH THE JOURNAL: while the gate is closed it may still run "
+            f"{', '.join(map(str, tools))}, which may change the journal's files and the "
+            f"plugin's settings (allowed_while_closed / read_only_tools; docs/guard.md "
+            f"§The boundary)")
+
+
+def closed_gate_explanation(tool_name: str, why: str, runs: Iterable[str]) -> str:
+    """Why an unprotected call was refused while the gate is closed
+    (docs/guard.md §While the gate is closed): ``why`` is the refusal a
+    protected call gets now; ``runs`` the tools that still run."""
+    return (f"{tool_name} was refused and not run: while the gate is closed, only read-only "
+            f"tools run in this profile ({', '.join(sorted(runs))}), so that nothing run from "
+            f"here can change the record a person relies on (no shell, code, file writes or "
+            f"delegation). {why}")
 
 
 # Tools whose call runs other agents' tool calls inside it (Hermes' subagents).
@@ -302,9 +341,9 @@ def integrity_explanation(error: JournalError, prefix: Optional[Sequence[str]]) 
     # goes to the operator's log, not to a chat.
     if error.code == "commit_failed":
         return (f"The journal could not confirm that this call's start was recorded. The call "
-                f"was NOT run. If the journal later shows it as pending, settle it as "
-                f"not_applied. Do not retry; tell the user that an operator must check the "
-                f"journal with: {command}")
+                f"was NOT run (if the journal later shows it as pending, it still did not run). "
+                f"Do not retry; tell the user that a person must check the journal with: "
+                f"{command}")
     what = ("failed its integrity check: it may have been damaged or changed"
             if error.code in INTEGRITY_VERDICTS else "cannot be used right now")
     return (f"Protected tool calls are refused because the crash-recovery journal, which "

@@ -9,7 +9,8 @@ import unicodedata
 from typing import Any, Iterator, Optional, Sequence
 
 from ..storage.call_lock import OWNER_RUNNING
-from .messages import command_line, describe_age, first_waiting, iso_utc, standalone_prefix
+from .messages import (command_line, describe_age, first_waiting, iso_utc, reach_warning,
+                       standalone_prefix)
 from .status import GATE_BUSY
 
 
@@ -149,6 +150,9 @@ def _status_text(result: dict, header: str, prefix: Sequence[str]) -> str:
         if shown.get("problem"):
             lines.append(f"SETTINGS PROBLEM (every tool is protected until it is fixed): "
                          f"{_cell(shown['problem'])}")
+        reach = reach_warning([_cell(tool) for tool in shown.get("agent_reaches_journal") or []])
+        if reach:
+            lines.append(reach)
     return "\n".join(lines)
 
 

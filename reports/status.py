@@ -191,6 +191,9 @@ def prometheus_text(result: dict, *, now_ns: Optional[int] = None) -> str:
             ("settings_attention", "1 if the settings need a person (a problem, or a protected "
              "tool name matching no tool), as status --check says; 0 if not.",
              1 if shown.get("needs_attention") else 0),
+            ("agent_reaches_journal", "Tools the settings let run while the gate is closed that "
+             "are not known to be read-only (each may change the journal and the settings); 0 "
+             "when only read-only tools run then.", len(shown.get("agent_reaches_journal") or [])),
         )
     lines = []
     for name, help_text, value in gauges:

@@ -431,7 +431,7 @@ def seal(temp_path: str, final_path: str) -> None:
     """Read-only, renamed from ``archive/copies/`` to its final name in
     ``archive/``; ``archive/`` (the new name), the copy's directory (the name
     gone) and the data directory fsynced."""
-    os.chmod(temp_path, 0o444)
+    os.chmod(temp_path, 0o400)  # read-only, and this user's alone
     os.replace(temp_path, final_path)
     archive_dir = os.path.dirname(final_path)
     for directory in dict.fromkeys((archive_dir, os.path.dirname(temp_path),

@@ -24,7 +24,7 @@ from typing import Optional
 
 from . import forksafe, lock_holders
 from .durable import (BOUNDARY_KIND_GENESIS, TEMP_SUFFIX, file_size, file_state, fsync_directory,
-                      fsync_file, make_durable_directories, reach_boundary,
+                      PRIVATE_FILE_MODE, fsync_file, make_durable_directories, reach_boundary,
                       remove_files_of_dead_processes, storage_error, temp_path_for)
 from .errors import IntegrityError, JournalError, JournalUnavailable, short
 from .opening import refuse_rewritable_database
@@ -267,6 +267,8 @@ class Database:
         try:
             make_durable_directories(self.data_dir)
             self._build_database(temp_path)
+            # Private (issue 25); SQLite gives the -wal and -shm the database's mode.
+            os.chmod(temp_path, PRIVATE_FILE_MODE)
             fsync_file(temp_path)
             try:
                 os.link(temp_path, self.path)

@@ -34,6 +34,11 @@ TEMP_SUFFIX = ".tmp"
 _SAFE_OPEN_FLAGS = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
 # head.json and the marker are ~200 bytes; anything near this size is not ours.
 OWN_FILE_READ_LIMIT = 65536
+# Everything the plugin creates is its user's alone (README §Files and
+# permissions): evidence, ids and the journal are nobody else's to read, and an
+# operator who wants a monitoring account to read them grants it by hand.
+PRIVATE_FILE_MODE = 0o600
+PRIVATE_DIRECTORY_MODE = 0o700
 
 # Boundary kinds of journal creation (the others are event kinds).
 BOUNDARY_KIND_GENESIS = "genesis"
@@ -66,9 +71,10 @@ def reach_boundary(boundary: str, kind: str) -> None:
 
 # ----------------------------------------------------------- file helpers --
 
-def open_regular_file(path: str, flags: int, mode: int = 0o644) -> int:
+def open_regular_file(path: str, flags: int, mode: int = PRIVATE_FILE_MODE) -> int:
     """``os.open`` for the journal's own files: refuses a symlink (ELOOP) and a
-    FIFO, directory or device (EINVAL) with ``OSError``; never blocks."""
+    FIFO, directory or device (EINVAL) with ``OSError``; never blocks.  A file
+    it creates is private to this user (:data:`PRIVATE_FILE_MODE`)."""
     descriptor = os.open(path, flags | _SAFE_OPEN_FLAGS, mode)
     if not stat.S_ISREG(os.fstat(descriptor).st_mode):
         os.close(descriptor)
@@ -138,8 +144,9 @@ def fsync_file(path: str) -> None:
 
 
 def make_durable_directories(path: str) -> None:
-    """Create ``path`` and its missing parents, then fsync every ancestor so
-    each entry on the way to ``path`` survives power loss -- also those a host
+    """Create ``path`` and its missing parents (each ``0700``: this user's
+    alone), then fsync every ancestor so each entry on the way to ``path``
+    survives power loss -- also those a host
     created moments before without an fsync (docs/persistence.md).  Once per
     journal creation: a handful of fsyncs.  Raises ``OSError``."""
     path = os.path.abspath(path)
@@ -153,7 +160,7 @@ def make_durable_directories(path: str) -> None:
         current = parent
     for directory in reversed(missing):
         try:
-            os.mkdir(directory)
+            os.mkdir(directory, PRIVATE_DIRECTORY_MODE)
         except FileExistsError:
             if not os.path.isdir(directory):
                 raise
@@ -199,7 +206,7 @@ def write_atomically(target: str, content: bytes, *, announce: str = "",
     replaced = False
     try:
         descriptor = os.open(temp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _SAFE_OPEN_FLAGS,
-                             0o644)
+                             PRIVATE_FILE_MODE)
         try:
             view = memoryview(content)
             while view:

@@ -22,7 +22,6 @@ Failure semantics are those of the module docstring of ``journal.py``.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import sqlite3
 import threading
@@ -35,6 +34,7 @@ from .database import Database, translate_sqlite_error
 from .durable import (BOUNDARY_KIND_GENESIS, BOUNDARY_KIND_MARKER, DurableFiles, reach_boundary,
                       storage_error)
 from .errors import AdmissionRefused, IntegrityError, JournalError, JournalUnavailable
+from .log_lines import plugin_logger
 from .record import (KIND_ARCHIVED, SCHEMA, canonical_text, decode_payload, event_hash,
                      genesis_hash, payload_problem)
 from .schema import (SQL_CHECKPOINT_PASSIVE, SQL_COUNT_EVENTS, SQL_DROP_TRIGGER,
@@ -46,7 +46,7 @@ from .schema import (SQL_CHECKPOINT_PASSIVE, SQL_COUNT_EVENTS, SQL_DROP_TRIGGER,
 from .head_lock import HeadLock
 from .snapshot import VerifiedSnapshots
 
-logger = logging.getLogger(__name__)
+logger = plugin_logger(__name__)
 
 # A writer whose snapshot went stale under the lock (the schema changed, or the
 # files changed behind SQLite) verifies again this many times before it gives up.

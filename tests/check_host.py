@@ -314,6 +314,9 @@ class CheckerRun:
     isolation prefix, the host's program (``hermes``/``hermesx``), and running one scenario in a
     child process of ``script`` (``--child``)."""
 
+    # Seconds one scenario child may take (a checker with long scenarios sets more).
+    scenario_timeout: float = SCENARIO_TIMEOUT_SECONDS
+
     def __init__(self, root: Path) -> None:
         self.root = root
         self.results: List[Dict[str, Any]] = []
@@ -336,7 +339,7 @@ class CheckerRun:
         started = time.monotonic()
         try:
             completed = subprocess.run(command, env=environment, capture_output=True, text=True,
-                                       timeout=SCENARIO_TIMEOUT_SECONDS, cwd=str(cwd),
+                                       timeout=self.scenario_timeout, cwd=str(cwd),
                                        stdin=subprocess.DEVNULL)
             output = (completed.stdout + completed.stderr)[-3000:]
         except subprocess.TimeoutExpired as exc:

@@ -132,10 +132,12 @@ class Dashboard:
         self._log.close()
 
     def request(self, method: str, path: str, body=None, *, token: bool = True,
-                content_type: str = "application/json", raw: bytes = None) -> tuple:
+                content_type: str = "application/json", raw: bytes = None,
+                headers: dict = None) -> tuple:
         """``(HTTP status, parsed JSON or text, headers)`` of one request to
         ``/api/plugins/crash-recovery`` + ``path`` (or ``path`` itself when it
-        starts with ``/api/`` or is ``/``)."""
+        starts with ``/api/`` or is ``/``), with any extra ``headers`` (as a
+        browser's ``Origin``)."""
         url = self.url + (path if path.startswith(("/api/", "/dashboard-plugins/")) or path == "/"
                           else "/api/plugins/crash-recovery" + path)
         data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
@@ -144,6 +146,8 @@ class Dashboard:
             request.add_header("Content-Type", content_type)
         if token:
             request.add_header("X-Hermes-Session-Token", self.token)
+        for name, value in (headers or {}).items():
+            request.add_header(name, value)
         try:
             with urllib.request.urlopen(request, timeout=120) as response:
                 status, text, headers = response.status, response.read(), response.headers

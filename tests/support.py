@@ -53,6 +53,11 @@ WORKSPACE_VERIFIER = os.environ.get("CRASH_RECOVERY_VERIFIER") or os.path.join(
     os.path.dirname(REPO), "shared", "tools", "verify_journal.py")
 REQUIRE_VERIFIER = os.environ.get("CRASH_RECOVERY_REQUIRE_VERIFIER", "") == "1"
 OPERATOR_CLI = os.path.join(REPO, "operator_cli.py")
+# Runs a command outside this process's tree, as the operator's own shell would.
+OPERATOR_SHELL = os.path.join(TESTS, "operator_shell.py")
+# The operator commands that refuse to run from inside an agent (docs/cli.md
+# §Who may settle): a test holding the journal open runs them from OPERATOR_SHELL.
+WRITING_WORDS = ("resolve", "acknowledge", "repair-checkpoint", "archive", "restart-journal")
 # SQLite's own transient files: created by any reader, never part of the journal's content.
 SQLITE_SIDE_FILES = ("journal.sqlite3-wal", "journal.sqlite3-shm")
 
@@ -77,11 +82,23 @@ def workspace_verifier():
     return _workspace_module
 
 
-def run_cli(data_dir, *words, env=None, timeout=60):
-    """Run ``operator_cli.py --data-dir DATA_DIR WORDS...`` in a subprocess.
+def operator_argv(argv, words, from_here=False):
+    """``argv`` as the operator runs it: a writing command (``words`` names
+    one) from :data:`OPERATOR_SHELL`, outside this test process's tree (which
+    may hold the journal open, like an agent); ``from_here`` runs it as a
+    child of this process, as an agent's tool would."""
+    if from_here or not any(word in WRITING_WORDS for word in words):
+        return list(argv)
+    return [sys.executable, OPERATOR_SHELL, *argv]
+
+
+def run_cli(data_dir, *words, env=None, timeout=60, from_here=False):
+    """Run ``operator_cli.py --data-dir DATA_DIR WORDS...`` in a subprocess
+    (a writing command from the operator's own shell: :func:`operator_argv`).
 
     Returns ``(exit_code, parsed JSON or None, stdout text)``."""
-    completed = subprocess.run([sys.executable, OPERATOR_CLI, "--data-dir", str(data_dir), *words],
+    argv = [sys.executable, OPERATOR_CLI, "--data-dir", str(data_dir), *words]
+    completed = subprocess.run(operator_argv(argv, words, from_here),
                                capture_output=True, text=True, timeout=timeout,
                                env=env if env is not None else os.environ.copy())
     try:

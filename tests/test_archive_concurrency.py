@@ -363,20 +363,33 @@ class KilledArchiverCopies(ArchiverCase):
     """A killed archiver's copy is removed by the next write of any writer."""
 
     def test_a_long_running_worker_removes_a_killed_archivers_copy(self):
-        guard = RecoveryGuard(self.data_dir)
-        self.addCleanup(guard.close)
-        self.assertEqual(book(guard, "first"), BOOKED)  # this worker's first write is done
+        # The worker is a process of its own, as in a deployment: an operator
+        # command never runs from inside a worker (docs/cli.md §Who may settle).
+        worker = subprocess.Popen([sys.executable, os.path.join(TESTS, "live_worker.py"),
+                                   self.data_dir, os.path.join(self.root, "service.db")],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.addCleanup(lambda: worker.poll() is None and worker.kill())
+        self.addCleanup(lambda: worker.stdout.close() or worker.stdin.close())
+        self.assertIn("ready", json.loads(worker.stdout.readline()))
+
+        def call(name):
+            worker.stdin.write(f"call {name}\n")
+            worker.stdin.flush()
+            return json.loads(worker.stdout.readline())["result"]["status"]
+
+        self.assertEqual(call("first"), "confirmed")  # this worker's first write is done
         archiver = Paused(self, PAUSING_ARCHIVER, self.data_dir, "archive_copied:archived")
         self.assertEqual(archiver.first_line, "paused")
         [copy] = self.copy_names()
         self.assertEqual(self.archive_names(), [])
-        self.assertEqual(book(guard, "while-alive"), BOOKED)
+        self.assertEqual(call("while-alive"), "confirmed")
         self.assertEqual(self.copy_names(), [copy])  # a live archiver's copy stays
         archiver.process.send_signal(signal.SIGKILL)
         archiver.process.communicate(timeout=TIMEOUT_SECONDS)
-        self.assertEqual(book(guard, "after-kill"), BOOKED)
+        self.assertEqual(call("after-kill"), "confirmed")
         self.assertEqual(self.copy_names(), [])
-        guard.close()
+        worker.stdin.close()
+        self.assertEqual(worker.wait(TIMEOUT_SECONDS), 0)
         self.assertAllVerify(0)
 
 

@@ -42,8 +42,13 @@ class ChatView(JournalTestCase):
         self.assertEqual((status["gate"], status["events"], status["call_running"]),
                          ("closed", 2, False))
         self.assertEqual(status["operator_command"], "hermes -p work crash-recovery status")
-        self.assertTrue(status["next"].startswith(
-            f"hermes -p work crash-recovery resolve {operation['operation_id']} --outcome"))
+        # The model is told how a person looks at it, never the command that settles it.
+        self.assertEqual(status["next"],
+                         f"hermes -p work crash-recovery show {operation['operation_id']}")
+        self.assertEqual(status["needs_a_person"],
+                         f"A person must check the real service and settle operation "
+                         f"{operation['operation_id']}; until then protected calls are refused "
+                         f"and only read-only tools run.")
 
     def test_integrity_refusals_speak_of_the_journal_not_its_files(self):
         guard = self.guard()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -34,6 +35,17 @@ from dashboard_support import (PROFILE, REQUIRE_HOST, Dashboard, HeldCall, comma
 PROGRAM, MISSING = dashboard_program()
 EVIDENCE = "no charge for session-dashboard in the payment ledger, checked 07:55 UTC"
 PREFIX = command_prefix(PROGRAM or "hermes") + " "
+# A process that POSTs BODY to URL with the page's TOKEN; prints "STATUS BODY".
+AGENT_CLIENT = """import sys, urllib.error, urllib.request
+request = urllib.request.Request(sys.argv[1], data=sys.argv[3].encode(), method="POST",
+                                 headers={"Content-Type": "application/json",
+                                          "X-Hermes-Session-Token": sys.argv[2]})
+try:
+    answer = urllib.request.urlopen(request, timeout=60)
+except urllib.error.HTTPError as error:
+    answer = error
+print(answer.status, answer.read().decode())
+"""
 
 
 def setUpModule():
@@ -194,8 +206,11 @@ class DashboardApiTests(JournalTestCase):
                                         content_type="application/x-www-form-urlencoded")
         self.assertRefusedWithoutChange("POST", resolve, None, 400, "usage", raw=b"{nope")
 
+        # The dashboard's own page (its Origin) may settle.
         status, document, _ = self.api("POST", resolve, {"outcome": "not_applied",
-                                                         "evidence": EVIDENCE})
+                                                         "evidence": EVIDENCE},
+                                       headers={"Origin": self.dashboard.url,
+                                                "Sec-Fetch-Site": "same-origin"})
         self.assertEqual(status, 200, document)
         self.assertEqual({key: document[key] for key in ("ok", "integrity", "resolved", "outcome",
                                                          "previous_state", "tool", "forced")},
@@ -209,7 +224,10 @@ class DashboardApiTests(JournalTestCase):
         self.assertEqual((resolved["operator"]["via"], resolved["operator"]["dashboard_user"],
                           resolved["operator"]["client"]), ("dashboard", None, "127.0.0.1"))
         self.assertEqual(set(resolved["operator"]),
-                         {"user", "uid", "host", "via", "dashboard_user", "client"})
+                         {"user", "uid", "host", "via", "dashboard_user", "client", "peer"})
+        # The process that sent the request (this one), as the system names it.
+        self.assertEqual(resolved["operator"]["peer"], {
+            "pid": os.getpid(), "uid": os.getuid(), "user": pwd.getpwuid(os.getuid()).pw_name})
         (line,) = self.operator_log()
         self.assertEqual({key: line[key] for key in ("action", "operation_id", "outcome",
                                                      "evidence", "forced", "owner", "operator",
@@ -220,6 +238,48 @@ class DashboardApiTests(JournalTestCase):
                           "checkpoint_after": document["checkpoint"]})
         self.assertEqual(self.api("GET", "/status")[1]["gate"], "open")
         self.assertEqual(self.assertVerifies().kinds(), ["started", "resolved"])
+
+    def test_a_page_of_another_origin_cannot_settle(self):
+        operation_id = self.uncertain_operation()
+        resolve = f"/operations/{operation_id}/resolve"
+        body = {"outcome": "not_applied", "evidence": EVIDENCE}
+        # Hermes' CORS admits every loopback port: a page served elsewhere is refused here.
+        for headers in ({"Origin": "http://127.0.0.1:1"}, {"Origin": "null"},
+                        {"Origin": "http://localhost.evil.example"},
+                        {"Origin": self.dashboard.url, "Sec-Fetch-Site": "cross-site"},
+                        {"Sec-Fetch-Site": "same-site"}):
+            with self.subTest(headers=headers):
+                refused = self.assertRefusedWithoutChange("POST", resolve, body, 403,
+                                                          "foreign_origin", headers=headers)
+                self.assertIn("another", refused["error"]["message"])
+
+    def test_a_request_from_inside_an_agent_cannot_settle(self):
+        operation_id = self.uncertain_operation()
+        url = f"{self.dashboard.url}/api/plugins/crash-recovery/operations/{operation_id}/resolve"
+        body = json.dumps({"outcome": "not_applied", "evidence": EVIDENCE})
+        client = [sys.executable, "-c", AGENT_CLIENT, url, self.dashboard.token, body]
+        # A tool's process of a worker (its parent has the journal open), and a
+        # process carrying Hermes' marker for execute_code's child.
+        inside_worker = [sys.executable, "-c", "import sqlite3, subprocess, sys\n"
+                         "journal = sqlite3.connect(sys.argv[1])\n"
+                         "journal.execute('SELECT count(*) FROM events').fetchone()\n"
+                         "sys.exit(subprocess.run(sys.argv[2:]).returncode)",
+                         os.path.join(self.data_dir, "journal.sqlite3"), *client]
+        for label, argv, extra in (("parent has the journal open", inside_worker, {}),
+                                   ("HERMES_RPC_TOKEN", client, {"HERMES_RPC_TOKEN": "t"})):
+            with self.subTest(agent=label):
+                before = self.journal_content()
+                agent = subprocess.run(argv, capture_output=True, text=True, timeout=120,
+                                       env=dict(os.environ, **extra))
+                status, text = agent.stdout.split(" ", 1)
+                document = json.loads(text)
+                self.assertEqual((status, document["error"]["code"]), ("403", "run_by_agent"),
+                                 agent.stdout + agent.stderr)
+                self.assertIn(label.split()[-1] if extra else "journal open",
+                              document["error"]["message"])
+                self.assertIn("open the dashboard in a browser you started yourself",
+                              document["error"]["message"])
+                self.assertEqual(self.journal_content(), before)
 
     def test_a_running_owner_is_refused_unless_forced_then_the_late_outcome_is_acknowledged(self):
         held = HeldCall(self.data_dir, "book_trip", "call-held")

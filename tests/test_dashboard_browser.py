@@ -218,6 +218,38 @@ class OperatorInTheBrowser(JournalTestCase):
             self.assertGreater(os.path.getsize(path), 10000, path)
 
 
+    def test_the_page_settles_nothing_inside_a_frame(self):
+        # Another page could lay itself over a framed page's buttons: inside a
+        # frame the page shows what it knows, says so, and sends nothing.
+        self.open_dashboard(make_home(self.root))
+        page = self.browser
+        run_worker("error", self.data_dir, "send_payment", "call-framed")
+        (operation,) = run_cli(self.data_dir, "status")[1]["unresolved"]
+        framed_id = operation["operation_id"]
+        self.open_tab()
+        page.evaluate("document.body.innerHTML = '<iframe id=\"frame\" src=\"/crash-recovery\" "
+                      "width=\"1260\" height=\"1400\"></iframe>'; true")
+        inner = "document.getElementById('frame').contentDocument"
+
+        def inside(test_id: str) -> str:
+            return f"{inner}.querySelector('[data-testid=\"{test_id}\"]')"
+        page.wait_for(inside("cr-framed"), "the page's notice that it is framed")
+        self.assertIn("settles nothing", page.evaluate(f"{inside('cr-framed')}.innerText"))
+        page.wait_for(inside(f"cr-settle-open-{framed_id}"), "the operation, in the frame")
+        page.evaluate(f"{inside(f'cr-settle-open-{framed_id}')}.click(); true")
+        page.wait_for(inside(f"cr-outcome-not_applied-{framed_id}"))
+        page.evaluate(f"{inside(f'cr-outcome-not_applied-{framed_id}')}.click(); true")
+        page.evaluate(f"{inside(f'cr-evidence-{framed_id}')}.focus(); true")
+        page.send("Input.insertText", session=True, text="clicked through someone's frame")
+        page.wait_for(f"!{inside(f'cr-submit-{framed_id}')}.disabled")
+        page.evaluate(f"{inside(f'cr-submit-{framed_id}')}.click(); true")
+        page.wait_for(f"{inside(f'cr-answer-{framed_id}')}?.dataset.code === 'framed'",
+                      "the framed refusal")
+        self.shot("framed-page-settles-nothing")
+        self.assertEqual([op["operation_id"] for op in run_cli(self.data_dir, "status")[1]
+                          ["unresolved"]], [framed_id])
+        self.assertFalse(os.path.exists(os.path.join(self.data_dir, "operator.log")))
+
     def test_a_hermes_chat_killed_mid_tool_closes_the_gate_until_settled_on_the_page(self):
         # tests/native_demo.py's scenario: an unmodified `hermes chat` whose
         # booking tool commits in its service, SIGKILLed before the tool's

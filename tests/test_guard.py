@@ -432,14 +432,17 @@ class ConfigurationTests(GuardTestCase):
             self.call(guard=guard, downstream=Downstream(error=TimeoutError("gateway timeout")))
         open_ids = self.open_operation_ids()
         self.assertEqual(len(open_ids), 1)
-        # The booking is unknown: protected tools are refused, the rest still run.
+        # The booking is unknown: protected tools are refused, and so is every
+        # tool but the read-only pair (docs/guard.md §While the gate is closed).
         downstream = Downstream()
         self.assertBlocked(self.call(tool="send_payment", guard=guard, downstream=downstream,
                                      call_id="c2"), "unresolved_operations", open_ids)
+        self.assertBlocked(self.call(tool="terminal", guard=guard, downstream=downstream),
+                           "unresolved_operations", open_ids)
         self.assertEqual(downstream.calls, 0)
-        self.assertEqual(self.call(tool="terminal", guard=guard, downstream=downstream),
+        self.assertEqual(self.call(tool="read_file", guard=guard, downstream=downstream),
                          '{"status": "confirmed"}')
-        self.assertIsNone(self.hook(tool="terminal", guard=guard))
+        self.assertIsNone(self.hook(tool="read_file", guard=guard))
         self.assertEqual(self.tools_journaled(), ["book_trip"])
 
     def test_empty_list_protects_everything_but_the_inspection_tools(self):

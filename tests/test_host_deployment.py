@@ -65,7 +65,8 @@ class DeploymentChecks(CheckerReport):
                                "unprotected_errors_leave_no_journal_entry",
                                "unprotected_handler_ran_each_time", "other_tool_runs_unjournaled",
                                "protected_tool_journaled", "protected_failure_uncertain",
-                               "unprotected_tool_runs_while_blocked",
+                               "unprotected_tool_refused_while_closed",
+                               "read_only_tool_runs_while_closed",
                                "protected_tool_refused_middleware", "protected_tool_refused_hook",
                                "refused_booking_not_run", "journal_holds_only_protected_calls")
 
@@ -110,10 +111,11 @@ class DeploymentChecks(CheckerReport):
                            "status_check_default_exit_0_when_clear", "prometheus_clear")
         self.assert_checks("mode_default", "hermes_home_status_check_same")
 
-    def test_printed_resolve_command_settles_the_operation(self) -> None:
+    def test_printed_show_command_works_and_the_operator_settles(self) -> None:
         for name in ("named", "default"):
-            self.assert_checks("profiles", f"printed_resolve_command_{name}",
-                               f"printed_resolve_command_settles_{name}",
+            self.assert_checks("profiles", f"printed_show_command_{name}",
+                               f"printed_show_command_shows_{name}",
+                               f"operator_resolve_settles_{name}",
                                f"resolution_journaled_{name}")
 
     # -- 3. /crash-recovery ------------------------------------------------------
@@ -135,10 +137,10 @@ class DeploymentChecks(CheckerReport):
     def test_blocked_text_relayed_to_model_names_profile_command(self) -> None:
         self.assert_checks("profiles.named", "conversation_finished", "failure_uncertain",
                            "model_sent_blocked_result", "relayed_operator_command",
-                           "relayed_resolve_command", "relayed_no_path",
+                           "relayed_show_command", "relayed_no_path",
                            "relayed_message_no_path", "blocked_booking_not_run")
         self.assert_checks("profiles.default", "failure_uncertain", "blocked_operator_command",
-                           "blocked_resolve_command", "blocked_no_path")
+                           "blocked_show_command", "blocked_no_path")
 
     # -- 5. re-entry: coerced arguments, the RPC bridge ----------------------------
 

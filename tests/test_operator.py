@@ -537,14 +537,18 @@ class ModelFacingTest(OperatorTestCase):
         status_words = shlex.split(blocked["operator_command"])
         self.assertEqual(subprocess.run(status_words, capture_output=True,
                                         timeout=CHILD_TIMEOUT_SECONDS).returncode, 0)
-        command = explanation.split("parts): ", 1)[1]
-        command = (command.replace("<completed|not_applied>", "not_applied")
-                   .replace("<what you checked>", "no booking for OPO in the airline portal"))
+        # The model is told how the person looks at it, never how to settle it.
+        command = explanation.split("they can look at it with: ", 1)[1]
+        self.assertEqual(shlex.split(command)[-2:], ["show", operation_id])
+        for word in ("resolve", "--outcome", "--evidence", "--force"):
+            self.assertNotIn(word, explanation)
         completed = subprocess.run(shlex.split(command), capture_output=True, text=True,
                                    cwd="/", env={"PATH": os.environ.get("PATH", "")},
                                    timeout=CHILD_TIMEOUT_SECONDS)
         self.assertEqual(completed.returncode, 0, completed.stdout + completed.stderr)
-        self.assertEqual(json.loads(completed.stdout)["resolved"], operation_id)
+        self.assertEqual(json.loads(completed.stdout)["operation"]["operation_id"], operation_id)
+        self.cli("resolve", operation_id, "--outcome", "not_applied", "--evidence",
+                 "no booking for OPO in the airline portal")
         self.assertEqual(guard.tool_execution(tool_name="book_flight", args={"to": "OPO"},
                                               next_call=lambda: "booked"), "booked")
         self.assertVerifies()

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import textwrap
 
-from support import OPERATOR_CLI, TESTS, JournalTestCase, run_cli
+from support import OPERATOR_CLI, TESTS, JournalTestCase, operator_argv, run_cli
 from test_archive_concurrency import PAUSING_ARCHIVER  # pauses at BOUNDARY:KIND, says "paused"
 
 from crash_recovery.guard import RecoveryGuard  # noqa: E402
@@ -88,8 +88,11 @@ class ReadersDuringALiveArchive(JournalTestCase):
                 readers = {
                     "status": self.start([OPERATOR_CLI, "--data-dir", self.data_dir, "status"]),
                     "verify": self.start([OPERATOR_CLI, "--data-dir", self.data_dir, "verify"]),
-                    "archive": self.start([OPERATOR_CLI, "--data-dir", self.data_dir,
-                                           "archive"]),
+                    # From the operator's own shell: this process may still
+                    # hold a parked connection (an agent, to the command).
+                    "archive": self.start(operator_argv(
+                        [sys.executable, OPERATOR_CLI, "--data-dir", self.data_dir, "archive"],
+                        ["archive"])),
                     "call": self.start([call_program, self.data_dir, "-".join(boundary)]),
                 }
                 archiver.stdin.write("go\n")
@@ -147,7 +150,8 @@ class ReadersDuringALiveArchive(JournalTestCase):
         return path
 
     def start(self, argv):
-        process = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE,
+        argv = argv if argv[0] == sys.executable else [sys.executable, *argv]
+        process = subprocess.Popen(argv, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, text=True)
         self.addCleanup(lambda: process.poll() is None and process.kill())
         return process

@@ -44,7 +44,16 @@
       message: (document && document.detail) || ("the dashboard answered HTTP " + response.status) } };
   }
 
+  // Inside a frame another page could lay over the buttons (clickjacking):
+  // the page then shows what it knows but settles nothing.
+  function framed() {
+    try { return window.top !== window.self; } catch (error) { return true; }
+  }
+  const FRAMED_ANSWER = { ok: false, error: { code: "framed", message:
+    "this page is shown inside another page's frame, so it settles nothing: open the dashboard itself" } };
+
   function post(path, body) {
+    if (framed()) return Promise.resolve(FRAMED_ANSWER);
     return call(path, { method: "POST", headers: { "Content-Type": "application/json" },
                         body: JSON.stringify(body) });
   }
@@ -275,9 +284,13 @@
     const settings = props.status && props.status.settings;
     if (!settings) return h("div", null, "-");
     const rest = Object.keys(settings).filter(function (key) { return key !== "problem"; });
+    const reaching = settings.agent_reaches_journal || [];
     return h("div", { "data-testid": "cr-settings" },
       settings.problem ? h("div", { "data-testid": "cr-settings-problem", role: "alert", style: { color: GATE_COLOURS.closed } },
         "SETTINGS PROBLEM (every tool is protected until fixed): ", settings.problem) : null,
+      reaching.length ? h("div", { "data-testid": "cr-agent-reaches-journal", role: "alert", style: { color: GATE_COLOURS.closed } },
+        "THE AGENT CAN REACH THE JOURNAL: while the gate is closed it may still run ", reaching.join(", "),
+        ", which may change the journal's files and the plugin's settings (allowed_while_closed or read_only_tools)") : null,
       h("table", null, h("tbody", null, rest.map(function (key) {
         return h("tr", { key: key }, h("td", { style: cell }, key),
           h("td", { style: Object.assign({}, cell, mono) }, JSON.stringify(settings[key])));
@@ -359,6 +372,8 @@
     const gate = gateOf(status);
     const profile = (status && status.profile) || {};
     return h("div", { "data-testid": "cr-page", style: { display: "flex", flexDirection: "column", gap: 16 } },
+      framed() ? h("div", { "data-testid": "cr-framed", role: "alert", style: { color: GATE_COLOURS.closed } },
+        FRAMED_ANSWER.error.message) : null,
       h("div", null,
         h("h2", { style: { margin: 0 } }, "Crash recovery: profile ", h("code", { "data-testid": "cr-profile" }, profile.name || "?")),
         profile.name === "custom" ? h("div", { style: mono }, "a Hermes home outside the profiles: run its commands with HERMES_HOME=", profile.home) : null,

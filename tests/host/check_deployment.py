@@ -112,21 +112,31 @@ def check_chat_safe_command(checks: CheckList, name: str, document: Optional[Dic
     explanation = str(document.get("explanation", ""))
     checks.check(f"{name}_operator_command", document.get("operator_command")
                  == f"{prefix} status", operator_command=document.get("operator_command"))
-    checks.check(f"{name}_resolve_command",
-                 f"{prefix} resolve {operation_id} --outcome " in explanation
-                 and "--evidence" in explanation, explanation=explanation)
+    # It tells the user how a person looks at the operation, never how to settle it.
+    checks.check(f"{name}_show_command",
+                 f"{prefix} show {operation_id}" in explanation
+                 and not re.search(r"\b(resolve|acknowledge)\b|--(force|outcome|evidence)",
+                                   explanation), explanation=explanation)
     checks.check(f"{name}_no_path", not paths_in(json.dumps(document)),
                  found=paths_in(json.dumps(document)), document=document)
 
 
 def resolve_line(text: str, prefix: str) -> Optional[str]:
-    """The ``PREFIX resolve ...`` command line printed in ``text``."""
+    """The ``PREFIX resolve ...`` command line printed in ``text`` (an
+    operator's surface: the slash command)."""
     start = text.find(f"{prefix} resolve ")
     if start < 0:
         return None
     line = text[start:].splitlines()[0]
     end = line.find(">\"", line.find("--evidence"))
     return line[:end + 2] if end >= 0 else line
+
+
+def show_line(text: str, prefix: str) -> Optional[str]:
+    """The ``PREFIX show OP`` command line printed in ``text``."""
+    found = re.search(re.escape(prefix) + r" show [0-9a-f-]{36}", text)
+    return found.group(0) if found else None
+
 
 
 # --------------------------------------------------------------------------
@@ -218,11 +228,21 @@ def scenario_mode_protected(home: Path, checks: CheckList) -> None:
     checks.check("protected_failure_uncertain",
                  kinds(events) == ["started", "returned", "started", "uncertain"], events=events)
     operation_id = events[2]["operation_id"] if len(events) == 4 else None
+    # While the gate is closed only the read-only tools run, in this mode too
+    # (docs/guard.md §While the gate is closed): refused, not journaled.
     result = hermes_call("flaky_quote", {"item": "chair", "shape": "error"},
                          session_id="session-Q", call_id="call-Q1", hook=True)
-    checks.check("unprotected_tool_runs_while_blocked",
-                 blocked_document(result) is None and len(flaky_runs()) == 3, result=result,
-                 runs=flaky_runs())
+    refusal = blocked_document(result) or {}
+    checks.check("unprotected_tool_refused_while_closed",
+                 refusal.get("code") == "unresolved_operations"
+                 and refusal.get("operation_ids") == [operation_id] and len(flaky_runs()) == 2,
+                 result=result, runs=flaky_runs())
+    notes = home / "notes.txt"
+    notes.write_text("read-only-marker-5d2\n", encoding="utf-8")
+    result = hermes_call("read_file", {"path": str(notes)}, session_id="session-Q",
+                         call_id="call-Q2", hook=True)
+    checks.check("read_only_tool_runs_while_closed", "read-only-marker-5d2" in result
+                 and blocked_document(result) is None, result=result[:400])
     for hook in (False, True):
         result = hermes_call("book_trip", {"traveler": "Cy", "destination": "Paris"},
                              session_id="session-Q", call_id=f"call-Q-hook-{hook}", hook=hook)
@@ -287,8 +307,7 @@ def scenario_default_profile(home: Path, checks: CheckList) -> None:
     prefix = next((p for p in DEFAULT_PREFIXES if command == f"{p} status"), DEFAULT_PREFIXES[0])
     check_chat_safe_command(checks, "blocked", refusal, prefix, operation_id)
     write_facts(default_operation=operation_id, default_prefix=prefix, default_status=command,
-                default_resolve=resolve_line(str((refusal or {}).get("explanation", "")),
-                                             prefix))
+                default_show=show_line(str((refusal or {}).get("explanation", "")), prefix))
 
 
 def scenario_relay(home: Path, checks: CheckList) -> None:
@@ -352,7 +371,7 @@ def scenario_relay(home: Path, checks: CheckList) -> None:
                  and "never resolves" in text_with_words, text=text_with_words,
                  events=events_of(home))
     write_facts(relay_operation=operation_id,
-                relay_resolve=resolve_line(str((refusal or {}).get("explanation", "")), prefix),
+                relay_show=show_line(str((refusal or {}).get("explanation", "")), prefix),
                 slash_text=text)
 
 

@@ -143,10 +143,26 @@ def run_verifier(data_dir: Path) -> Tuple[bool, Dict[str, Any]]:
     return reference.ok and completed.returncode == 0, report
 
 
+# The operator commands that refuse to run from inside an agent (docs/cli.md
+# §Who may settle), and what a person's own shell carries.
+WRITING_WORDS = ("resolve", "acknowledge", "repair-checkpoint", "archive", "restart-journal")
+OPERATOR_SHELL = TESTS_DIR / "operator_shell.py"
+OPERATOR_ENV_KEYS = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "PYTHONDONTWRITEBYTECODE")
+
+
 def operator_cli(data_dir: Path, *words: str) -> Tuple[int, Any]:
-    """Run ``operator_cli.py --data-dir DIR ...``; returns (exit code, parsed JSON)."""
-    completed = subprocess.run([sys.executable, str(OPERATOR_CLI), "--data-dir", str(data_dir),
-                                *words], capture_output=True, text=True, timeout=60)
+    """Run ``operator_cli.py --data-dir DIR ...``; returns (exit code, parsed JSON).
+    A writing command runs as from the operator's own shell: outside this
+    process's tree (tests/operator_shell.py; a scenario child is itself a
+    worker with the journal open) and with an environment that carries nothing
+    of Hermes' (importing Hermes sets its markers in this process's)."""
+    argv = [sys.executable, str(OPERATOR_CLI), "--data-dir", str(data_dir), *words]
+    environment = None
+    if any(word in WRITING_WORDS for word in words):
+        argv = [sys.executable, str(OPERATOR_SHELL), *argv]
+        environment = {key: os.environ[key] for key in OPERATOR_ENV_KEYS if key in os.environ}
+    completed = subprocess.run(argv, capture_output=True, text=True, timeout=60,
+                               env=environment)
     try:
         document = json.loads(completed.stdout)
     except ValueError:

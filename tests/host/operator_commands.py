@@ -1,7 +1,8 @@
 """The deployment checks' operator side (tests/host/check_deployment.py):
 ``hermes [-p PROFILE] crash-recovery ...`` as real subprocesses against
 ``operator_cli.py --data-dir DIR`` (same JSON, same exit codes), the command
-printed in a blocked result run as printed, and a sticky profile.
+printed in a blocked result (``show``) run as printed, the resolution from the
+operator's own shell, and a sticky profile.
 
 :class:`OperatorCommands` is a mixin of check_deployment's ``DeploymentRun``
 (it uses its ``run``, ``operator``, ``add``, ``base_environment`` and
@@ -49,7 +50,8 @@ def prometheus_samples(text: str) -> List[str]:
             if line and not line.startswith("crash_recovery_oldest_unresolved_age_seconds")
             and not any(name in line for name in ("crash_recovery_settings_problem",
                                                   "crash_recovery_unmatched_tools",
-                                                  "crash_recovery_settings_attention"))]
+                                                  "crash_recovery_settings_attention",
+                                                  "crash_recovery_agent_reaches_journal"))]
 
 
 class Ran:
@@ -139,27 +141,29 @@ class OperatorCommands:
                  shown.code == 0 and "restart-journal" in shown.stdout
                  and "docs/" not in shown.stdout, **shown.detail())
 
-        # The command the model was told to pass on, run as printed.
+        # The command the model was told to pass on (how a person looks at the
+        # operation), run as printed; then the person settles it from their own shell.
         for name, line, prefix, home_dir, operation in (
-                ("named", facts.get("relay_resolve"), [PROGRAM, "-p", PROFILE, "crash-recovery"],
+                ("named", facts.get("relay_show"), [PROGRAM, "-p", PROFILE, "crash-recovery"],
                  named_dir, work_op),
-                ("default", facts.get("default_resolve"),
+                ("default", facts.get("default_show"),
                  shlex.split(facts.get("default_prefix") or DEFAULT_PREFIXES[0]),
                  default_dir, default_op)):
             words = shlex.split(line) if line else []
-            expected = [*prefix, "resolve", operation, "--outcome", "<completed|not_applied>",
-                        "--evidence", "<what you checked>"]
-            self.add(label, f"printed_resolve_command_{name}", words == expected, line=line,
+            expected = [*prefix, "show", operation]
+            self.add(label, f"printed_show_command_{name}", words == expected, line=line,
                      expected=expected)
             if words != expected:
                 continue
-            words = [self.hermes if word == PROGRAM else
-                     "not_applied" if word == "<completed|not_applied>" else
-                     RESOLVE_EVIDENCE if word == "<what you checked>" else word
-                     for word in words]
-            ran = self.run(words, user, cwd)
+            shown_op = self.run([self.hermes if word == PROGRAM else word for word in words],
+                                user, cwd)
+            self.add(label, f"printed_show_command_shows_{name}",
+                     shown_op.code == 0 and (shown_op.json or {}).get("operation", {}).get(
+                         "operation_id") == operation, **shown_op.detail())
+            ran = self.run([self.hermes, *prefix[1:], "resolve", operation, "--outcome",
+                            "not_applied", "--evidence", RESOLVE_EVIDENCE], user, cwd)
             document = ran.json or {}
-            self.add(label, f"printed_resolve_command_settles_{name}",
+            self.add(label, f"operator_resolve_settles_{name}",
                      ran.code == 0 and document.get("resolved") == operation
                      and document.get("outcome") == "not_applied"
                      and document.get("previous_state") == "uncertain"
@@ -168,7 +172,8 @@ class OperatorCommands:
             events = evidence.read_events(home_dir)
             self.add(label, f"resolution_journaled_{name}",
                      kinds(events) == ["started", "uncertain", "resolved"]
-                     and events[-1].get("evidence") == RESOLVE_EVIDENCE, events=events)
+                     and events[-1].get("evidence") == RESOLVE_EVIDENCE
+                     and events[-1].get("operator", {}).get("via") == "cli", events=events)
         same("status_check_exit_0_when_clear",
              hermes("-p", PROFILE, "crash-recovery", "status", "--check"),
              self.operator(named_dir, "status", "--check"), 0)
