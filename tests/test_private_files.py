@@ -53,7 +53,7 @@ class EverythingIsPrivate(JournalTestCase):
                                  Downstream(error=TimeoutError("gateway timeout")))
         modes = self.assertPrivate()  # while the worker holds the WAL and SHM open
         for name in ("journal.sqlite3", "journal.sqlite3-wal", "journal.sqlite3-shm",
-                     "head.json", "initialized", "owner.lock"):
+                     "head.json", "initialized", "calls"):
             self.assertIn(name, modes)
         for parent in (os.path.dirname(self.data_dir), os.path.dirname(
                 os.path.dirname(self.data_dir))):
