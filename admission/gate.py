@@ -31,6 +31,7 @@ from ..storage.owner import OWNER_RUNNING, OwnerLock
 from ..storage.platform_support import platform_problem
 from ..storage.record import DATABASE_NAME
 from .binding import Admission, live_admission, same_call
+from .registered_tools import record_first_call
 from .settings import (KNOWN_KEYS, MODE_PROTECTED_TOOLS, Settings, parse_settings,
                        tool_names_view, with_attention)
 
@@ -183,6 +184,7 @@ class Gate:
             except Exception:  # e.g. no Hermes to resolve the data directory yet
                 logger.debug("crash-recovery: first-call check %s skipped", warn.__name__,
                              exc_info=True)
+        record_first_call(self._data_dir_source, self._registered_tools, self.settings())
 
     def _warn_unprotected_open_operations(self) -> None:
         """An open operation whose tool these settings no longer protect (the

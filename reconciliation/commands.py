@@ -52,12 +52,13 @@ ERROR_HINTS = {
                         "every worker and run the `next` command (repair-checkpoint): it "
                         "re-anchors the checkpoint to the verified database and keeps every "
                         "open operation blocking",
-    "owner_running": "stop the worker (or wait for the call to finish), then run `status` again; "
-                     "use --force only when you know the worker can no longer act, and say why "
-                     "in --evidence",
-    "journal_absent": "no journal in this data directory: check the profile (-p PROFILE) or "
-                      "--data-dir you meant. A profile has none until its first protected "
-                      "call, and nothing is blocked there",
+    "owner_running": "stop the worker (or wait for the call to finish), then run `status` "
+                     "again; `resolve --force` only when you know the worker can no longer "
+                     "act, and say why in --evidence",
+    "journal_absent": "no journal in this data directory, and it is not the data directory of "
+                      "a Hermes profile (<home>/plugin-data/crash-recovery beside the home's "
+                      "config.yaml): check the profile (-p PROFILE) or --data-dir you meant; "
+                      "`next` runs status on the profile's own",
     "operation_not_open": "the operation is already settled: `show OP` prints its history",
     "unknown_operation": "copy the operation id from `status`",
     "repair_not_applicable": "repair-checkpoint only clears checkpoint_ahead (`found` says what "
@@ -84,6 +85,22 @@ ERROR_HINTS = {
     "read_access_only": "this user may read the journal but not write it: run the command as "
                         "the user the workers run as (the owner of the data directory)",
 }
+
+
+# Hints that depend on the command that met the code: a hint names only
+# options of its own command, or of a command it names before them.
+COMMAND_HINTS = {
+    ("archive", "owner_running"): "a protected call is out: one running now, or one an operator "
+                                  "resolved whose worker still runs (status lists it under "
+                                  "resolved_running): its outcome may still be recorded. Let it "
+                                  "finish or stop that worker, then run `archive` again",
+}
+
+
+def hint_for(command: Optional[str], code: str) -> Optional[str]:
+    """The ``hint`` of an error ``code`` met by ``command`` (docs/cli.md
+    §Output), or None."""
+    return COMMAND_HINTS.get((command, code), ERROR_HINTS.get(code))
 
 
 class CommandError(Exception):
@@ -374,8 +391,8 @@ def command_resolve(args: argparse.Namespace, data_dir: str, journal_class: Jour
         raise CommandError(
             "owner_running",
             f"the worker that started {operation_id} still runs (pid {owner['pid']}); its "
-            "outcome is not final yet. Stop every worker of this profile first, or pass "
-            "--force with evidence that says why", owner=owner)
+            "outcome is not final yet. Stop every worker of this profile first, or force the "
+            "resolution with evidence that says why", owner=owner)
     forced = bool(args.force and owner["owner"] == OWNER_RUNNING)
     operator = acting_operator(args)
     with journal_class(data_dir, create=False) as journal:
@@ -504,8 +521,9 @@ def run_command(command: "str | Callable[..., dict]", args: argparse.Namespace, 
         # the journal's real integrity.
         result = {"ok": False, "integrity": exc.details.get("found", exc.code),
                   "error": exc.to_json()}
-    if result["error"]["code"] in ERROR_HINTS:
-        result["error"]["hint"] = ERROR_HINTS[result["error"]["code"]]
+    hint = hint_for(command if isinstance(command, str) else None, result["error"]["code"])
+    if hint:
+        result["error"]["hint"] = hint
     error = result["error"]
     error["next"] = next_command((), next_step(error["code"], error.get("found"),
                                                error.get("operation_id")))

@@ -98,13 +98,38 @@ def _owner_text(operation: dict) -> Optional[str]:
     return owner
 
 
+def check_lines(result: dict) -> list:
+    """What needs a person, first (the ``check`` field, docs/cli.md §status):
+    a headline with the exit code of ``status --check`` and one line per
+    reason; [] when nothing does."""
+    check = result.get("check") or {}
+    reasons = check.get("reasons") or []
+    if not reasons:
+        return []
+    return [f"NEEDS A PERSON (status --check exits {check.get('exit_code')}):",
+            *(f"- {_cell(reason.get('code'))}: {_cell(reason.get('message'))}"
+              for reason in reasons), ""]
+
+
+def _resolved_running_lines(result: dict) -> list:
+    running = result.get("resolved_running") or []
+    if not running:
+        return []
+    return [f"{len(running)} call(s) an operator resolved with --force still run: each may yet "
+            "record a late outcome, and `archive` waits for them (stop the worker when it can "
+            "no longer act):",
+            *(f"  operation {entry.get('operation_id')}, pid {entry.get('pid')}"
+              for entry in running)]
+
+
 def _status_text(result: dict, header: str, prefix: Sequence[str]) -> str:
     rows = [dict(row, age=describe_age(row["age_seconds"]), owner=_owner_text(row))
             for row in result["unresolved"]]
     in_flight = result.get("in_flight")
-    lines = [header, f"gate: {result.get('gate')}" + (
+    lines = [*check_lines(result), header, f"gate: {result.get('gate')}" + (
         f" (a protected call is running: operation {in_flight.get('operation_id')}, pid "
         f"{in_flight.get('pid')})" if in_flight else "")]
+    lines += _resolved_running_lines(result)
     if rows and result.get("gate") == GATE_BUSY:
         lines += [f"{len(rows)} protected call(s) running now (the worker holds the owner lock); "
                   "other protected calls are refused (operation_in_flight) until it ends, and "
@@ -146,9 +171,20 @@ def _status_text(result: dict, header: str, prefix: Sequence[str]) -> str:
     if shown:
         tools = ", ".join(map(_cell, shown.get(shown.get("mode"), []))) or "-"
         lines += ["", f"settings: mode {shown.get('mode')}: {tools}"]
+        if shown.get("recorded_at"):
+            lines.append(f"  as the worker pid {shown.get('recorded_by_pid')} read them at "
+                         f"{_cell(shown['recorded_at'])} (registered_tools.json)")
+        recorded = (f", recorded by a worker at {_cell(shown['tool_list_recorded_at'])}"
+                    if shown.get("tool_list_recorded_at") else "")
+        lines.append(f"  tool list: {shown.get('tool_list')}{recorded}")
         if shown.get("problem"):
             lines.append(f"SETTINGS PROBLEM (every tool is protected until it is fixed): "
                          f"{_cell(shown['problem'])}")
+        if shown.get("unmatched_tools"):
+            effect = ("each protects nothing: the real tool runs unrecorded" if shown.get(
+                "mode") == "protected_tools" else "listing them changes nothing")
+            lines.append(f"UNMATCHED TOOL NAMES (no tool of this host is called so; {effect}): "
+                         + ", ".join(map(_cell, shown["unmatched_tools"])))
     return "\n".join(lines)
 
 

@@ -37,10 +37,11 @@ class DashboardCommandTests(JournalTestCase):
         guard.close()
         return run_cli(self.data_dir, "status")[1]["unresolved"][0]["operation_id"]
 
-    def test_a_profile_without_a_journal_has_an_open_gate(self):
+    def test_a_profile_without_a_journal_reads_healthy_as_the_cli_says(self):
         document, status = self.commands.status()
-        self.assertEqual((status, document["ok"], document["error"]["code"], document["gate"]),
-                         (409, False, "journal_absent", "open"))
+        self.assertEqual((status, document["ok"], document["integrity"], document["journal"],
+                          document["gate"], document["check"]),
+                         (200, True, "ok", "absent", "open", {"exit_code": 0, "reasons": []}))
         self.assertEqual(document["settings"]["mode"], "protected_tools")
         self.assertFalse(os.path.exists(self.data_dir))
 
