@@ -336,21 +336,23 @@ def command_log(args: argparse.Namespace, data_dir: str, journal_class: JournalC
     (the journal stays open until then): constant memory for any length."""
     journal = journal_class(data_dir, readonly=True)
     try:
-        status, events = journal.history(since=args.since)
-        # Every archive is verified before the first line is printed.
-        archived = journal.archived_history() if args.all else iter(())
+        # Every archive is verified before the first line is printed, and the
+        # live rows are read as they were verified, whatever archives meanwhile.
+        if args.all:
+            status, events = journal.export(since=args.since)
+        else:
+            status, live = journal.history(since=args.since)
+            events = ((None, seq, payload) for seq, payload in live)
     except BaseException:
         journal.close()
         raise
 
     def exported():
         try:
-            # The archives first, oldest first, each event naming its segment.
-            for anchor, seq, payload in archived:
-                yield dict(payload, seq=seq, journal_id=anchor["journal_id"])
-            for seq, payload in events:
-                yield dict(payload, seq=seq, **({"journal_id": status.checkpoint["journal_id"]}
-                                                if args.all else {}))
+            # With --all each event names its segment: an archive's, or the live one.
+            for anchor, seq, payload in events:
+                segment = anchor["journal_id"] if anchor else status.checkpoint["journal_id"]
+                yield dict(payload, seq=seq, **({"journal_id": segment} if args.all else {}))
         finally:
             journal.close()
 
