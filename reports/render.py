@@ -183,7 +183,7 @@ def _status_text(result: dict, header: str, prefix: Sequence[str]) -> str:
         if shown.get("unmatched_tools"):
             effect = ("each protects nothing: the real tool runs unrecorded" if shown.get(
                 "mode") == "protected_tools" else "listing them changes nothing")
-            lines.append(f"UNMATCHED TOOL NAMES (no tool of this host is called so; {effect}): "
+            lines.append(f"UNMATCHED TOOL NAMES (no tool of this host has the name; {effect}): "
                          + ", ".join(map(_cell, shown["unmatched_tools"])))
     return "\n".join(lines)
 

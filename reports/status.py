@@ -210,7 +210,7 @@ def check_reasons(result: dict) -> list:
         if shown.get("unmatched_tools") and shown.get("mode") == "protected_tools":
             names = ", ".join(map(str, shown["unmatched_tools"]))
             reasons.append({"code": "unmatched_tools", "message": f"{shown.get('mode')} names "
-                            f"{names}, which no tool of this host is called: each protects "
+                            f"{names}, but no tool of this host has that name: it protects "
                             "nothing (a typo leaves the real tool unprotected). Fix the "
                             "spelling, then restart the workers"})
     return reasons

@@ -149,9 +149,13 @@ class DashboardApiTests(JournalTestCase):
         self.assertIn('PLUGINS.register(NAME, Page)', script)
 
     def test_status_is_the_cli_document_with_the_profile_and_settings(self):
-        status, document, _ = self.api("GET", "/status")
-        self.assertEqual((status, document["error"]["code"], document["gate"]),
-                         (409, "journal_absent", "open"))
+        status, document, _ = self.api("GET", "/status")  # no protected call yet: healthy
+        self.assertEqual((status, document["ok"], document["journal"], document["gate"],
+                          document["check"]), (200, True, "absent", "open",
+                                               {"exit_code": 0, "reasons": []}))
+        self.assertEqual(self.api("GET", "/archives")[:2],
+                         (200, {"ok": True, "integrity": "ok", "data_dir": self.data_dir,
+                                "archives": []}))
         operation_id = self.pending_operation()
         status, document, _ = self.api("GET", "/status")
         self.assertEqual(status, 200)

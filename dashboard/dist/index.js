@@ -107,19 +107,26 @@
       return !(op.state === "pending" && op.owner === "running"); });
     if (status.gate === "closed")
       return { state: "closed", loud: true, why: waiting.length ? waiting.length + " protected call(s) with an unknown outcome block every protected tool in this profile until a person settles them" : "every protected call is refused" };
-    const alsoNeeded = needed ? "; but something needs a person (below)" : "";
+    const forcedRunning = (status.resolved_running || []).length;
+    const alsoNeeded = (forcedRunning ? "; a call resolved with force still runs (below)" : "") +
+      (needed ? "; but something needs a person (below)" : "");
     if (status.gate === "busy")
-      return { state: "busy", loud: needed, why: "a protected call is running now; other protected calls are refused until it ends" + alsoNeeded };
+      return { state: "busy", loud: needed, forcedRunning: forcedRunning, why: "a protected call is running now; other protected calls are refused until it ends" + alsoNeeded };
     if (status.journal === "absent")
-      return { state: "open", loud: needed, why: "nothing is blocked: no protected call has run in this profile yet (the first one creates the journal)" + alsoNeeded };
-    return { state: "open", loud: needed, why: (needed ? "protected calls may run" : "nothing unresolved") + "; the journal verified (" + ((status.checkpoint || {}).count || 0) + " events)" + alsoNeeded };
+      return { state: "open", loud: needed, why: "no protected call has run in this profile yet (the first one creates the journal)" + alsoNeeded };
+    return { state: "open", loud: needed, forcedRunning: forcedRunning, why: (needed ? "protected calls may run" : "nothing unresolved") + "; the journal verified (" + ((status.checkpoint || {}).count || 0) + " events)" + alsoNeeded };
   }
 
   const GATE_COLOURS = { open: "#2e7d32", busy: "#b26a00", closed: "#c62828", untrusted: "#8e0000", loading: "#666" };
   const GATE_WORDS = { open: "OPEN", busy: "BUSY", closed: "CLOSED", untrusted: "CANNOT BE TRUSTED", loading: "..." };
   const LOUD = "#c62828";  // a person is needed: as loud as a closed gate
 
-  function gateColour(gate) { return gate.loud ? (GATE_COLOURS[gate.state] === GATE_COLOURS.untrusted ? GATE_COLOURS.untrusted : LOUD) : GATE_COLOURS[gate.state]; }
+  // A person is needed: red (dark red for an untrusted journal); a call
+  // resolved with force still running: the colour of a busy gate.
+  function gateColour(gate) {
+    if (gate.loud) return gate.state === "untrusted" ? GATE_COLOURS.untrusted : LOUD;
+    return gate.forcedRunning ? GATE_COLOURS.busy : GATE_COLOURS[gate.state];
+  }
 
   // ------------------------------------------------------------- pieces --
 
@@ -321,8 +328,8 @@
       settings.problem ? h("div", { "data-testid": "cr-settings-problem", role: "alert", style: { color: GATE_COLOURS.closed } },
         "SETTINGS PROBLEM (every tool is protected until fixed): ", settings.problem) : null,
       unmatched.length ? h("div", { "data-testid": "cr-unmatched-tools", role: "alert", style: { color: settings.mode === "protected_tools" ? GATE_COLOURS.closed : "inherit" } },
-        "No tool of this host is called ", unmatched.join(", "), settings.mode === "protected_tools" ?
-          ": each protects nothing, and the real tool runs unrecorded. Fix the spelling in protected_tools, then restart the workers." :
+        "No tool of this host has the name ", unmatched.join(", "), settings.mode === "protected_tools" ?
+          ": it protects nothing, and the real tool runs unrecorded. Fix the spelling in protected_tools, then restart the workers." :
           ": listing it changes nothing.") : null,
       settings.recorded_at ? h("div", { style: { opacity: 0.75 } }, "as a worker (pid " + settings.recorded_by_pid + ") read them at " + settings.recorded_at) : null,
       h("table", null, h("tbody", null, rest.map(function (key) {
