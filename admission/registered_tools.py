@@ -20,14 +20,16 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import time
 from typing import Any, Callable, Optional
 
 from ..reports.messages import iso_utc
-from ..storage.durable import make_durable_directories, read_regular_file, write_atomically
+from ..storage.durable import (TEMP_SUFFIX, make_durable_directories, read_regular_file,
+                               remove_files_of_dead_processes, write_atomically)
 from ..storage.errors import JournalError
 from ..storage.record import canonical_text
-from .settings import MODE_PROTECTED_TOOLS, Settings, settings_view, tool_names_view, with_attention
+from .settings import Settings, settings_view, tool_names_view, with_attention
 
 logger = logging.getLogger(__name__.rsplit(".", 2)[0] + ".guard")
 
@@ -36,6 +38,8 @@ RECORD_NAME = "registered_tools.json"
 MAX_RECORD_BYTES = 1 << 20
 MAX_NAMES = 10000
 MAX_NAME_CHARS = 256
+# The temporary file of a write (storage/durable.py temp_path_for) whose writer died.
+_LEFTOVER_TEMP = re.compile(re.escape(RECORD_NAME) + r"\.(\d+)-[0-9a-f]+" + re.escape(TEMP_SUFFIX))
 
 
 def record_first_call(data_dir: Any, registered: Optional[Callable[[], Any]],
@@ -63,6 +67,7 @@ def record_first_call(data_dir: Any, registered: Optional[Callable[[], Any]],
                                   "recorded_at": iso_utc(now_ns), "recorded_ns": now_ns,
                                   "pid": os.getpid()}) + "\n"
         make_durable_directories(directory)
+        remove_files_of_dead_processes(directory, _LEFTOVER_TEMP)  # a crash mid-write
         write_atomically(os.path.join(directory, RECORD_NAME), content.encode("utf-8"))
     except (Exception, JournalError):  # evidence for people: never in a call's way
         logger.debug("crash-recovery: the registered tools were not recorded", exc_info=True)
@@ -130,12 +135,3 @@ def operator_settings_view(settings: Optional[Callable[[], Any]], data_dir: str,
         view["tool_list"] = "recorded"
     view["tool_list_recorded_at"] = record["recorded_at"] if record else None
     return view
-
-
-def unmatched_protected_tools(view: dict) -> list:
-    """The ``protected_tools`` names of a settings view that match no
-    registered tool (each protects nothing); [] in the other mode or when
-    the tool list is unknown."""
-    if view.get("mode") != MODE_PROTECTED_TOOLS:
-        return []
-    return list(view.get("unmatched_tools") or [])

@@ -26,7 +26,8 @@ import unittest
 from support import OPERATOR_CLI, TESTS, JournalTestCase, run_cli
 from crash_recovery import operator_cli
 from crash_recovery.admission.binding import ADMISSION
-from crash_recovery.admission.registered_tools import RECORD_NAME
+from crash_recovery.admission.registered_tools import RECORD_NAME, record_first_call
+from crash_recovery.admission.settings import parse_settings
 from crash_recovery.guard import RecoveryGuard
 from crash_recovery.host.dashboard import DashboardCommands
 from crash_recovery.host.hermes import summary_text
@@ -92,6 +93,17 @@ class TypoInProtectedTools(ProfileCase):
                           record["settings"]["needs_attention"]),
                          (os.getpid(), ["send_paymnet"], True))
         self.assertFalse(os.path.exists(os.path.join(self.data_dir, "journal.sqlite3")))
+
+    def test_a_dead_writers_leftover_goes_a_live_ones_stays(self):
+        dead = os.path.join(self.data_dir, f"{RECORD_NAME}.999999999-deadbeef.tmp")
+        live = os.path.join(self.data_dir, f"{RECORD_NAME}.{os.getpid()}-cafe0000.tmp")
+        for path in (dead, live):
+            with open(path, "w", encoding="utf-8") as stream:
+                stream.write("{")
+        record_first_call(self.data_dir, lambda: HOST_TOOLS, parse_settings(TYPO))
+        self.assertEqual((os.path.exists(dead), os.path.exists(live)), (False, True))
+        with open(os.path.join(self.data_dir, RECORD_NAME), encoding="utf-8") as stream:
+            self.assertEqual(json.load(stream)["tool_names"], sorted(HOST_TOOLS))
 
     def test_the_live_worker_slash_command_says_the_typo(self):
         text = summary_text(self.guard.status_report(), PREFIX)
