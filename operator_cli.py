@@ -35,7 +35,7 @@ import threading
 import time
 from typing import Any, Callable, Iterator, Optional, Sequence
 
-from .admission.registered_tools import operator_settings_view, read_record
+from .admission.registered_tools import operator_settings_view, read_record, workers_running
 from .admission.settings import settings_view
 from .host import hermes
 from .journal import Journal
@@ -277,6 +277,8 @@ def execute(args: argparse.Namespace, data_dir_default: Callable[[], str],
         elif command == "status":
             result["next"] = next_command(here, status_next_step(result))
     if command == "status":
+        if data_dir is not None:
+            result["workers_running"] = workers_running(result, data_dir)
         # Why --check exits as it does, for every surface (docs/cli.md §status).
         result["check"] = check_view(result)
         if (exit_code == EXIT_OK and getattr(args, "check", False)

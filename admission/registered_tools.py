@@ -25,9 +25,11 @@ import time
 from typing import Any, Callable, Optional
 
 from ..reports.messages import iso_utc
-from ..storage.durable import (TEMP_SUFFIX, make_durable_directories, read_regular_file,
-                               remove_files_of_dead_processes, write_atomically)
+from ..storage.durable import (TEMP_SUFFIX, make_durable_directories, process_alive,
+                               read_regular_file, remove_files_of_dead_processes,
+                               write_atomically)
 from ..storage.errors import JournalError
+from ..storage.owner import process_start_time
 from ..storage.record import canonical_text
 from .settings import Settings, settings_view, tool_names_view, with_attention
 
@@ -47,7 +49,7 @@ def record_first_call(data_dir: Any, registered: Optional[Callable[[], Any]],
     """Write ``registered_tools.json``: ``{"tool_names": [...] (sorted),
     "settings": the settings view as this worker enforces them (with
     ``unmatched_tools`` and ``needs_attention``), "recorded_at" (ISO UTC),
-    "recorded_ns", "pid"}``.  ``data_dir``: the data directory or a callable
+    "recorded_ns", "pid", "process_start"}``.  ``data_dir``: the data directory or a callable
     giving it; ``registered()``: the host's tool names.  Nothing is written
     when the names are unknown (outside Hermes).  Creates the data directory
     when needed (a profile whose first protected call has not come yet).
@@ -65,7 +67,8 @@ def record_first_call(data_dir: Any, registered: Optional[Callable[[], Any]],
         now_ns = time.time_ns()
         content = canonical_text({"tool_names": names, "settings": view,
                                   "recorded_at": iso_utc(now_ns), "recorded_ns": now_ns,
-                                  "pid": os.getpid()}) + "\n"
+                                  "pid": os.getpid(),
+                                  "process_start": process_start_time()}) + "\n"
         make_durable_directories(directory)
         remove_files_of_dead_processes(directory, _LEFTOVER_TEMP)  # a crash mid-write
         write_atomically(os.path.join(directory, RECORD_NAME), content.encode("utf-8"))
@@ -95,7 +98,8 @@ def read_record(data_dir: str) -> Optional[dict]:
             "settings": settings if isinstance(settings, dict) else None,
             "recorded_at": record.get("recorded_at") if isinstance(
                 record.get("recorded_at"), str) else None,
-            "pid": record.get("pid") if isinstance(record.get("pid"), int) else None}
+            "pid": record.get("pid") if isinstance(record.get("pid"), int) else None,
+            "process_start": record.get("process_start")}
 
 
 def operator_settings_view(settings: Optional[Callable[[], Any]], data_dir: str,
@@ -135,3 +139,26 @@ def operator_settings_view(settings: Optional[Callable[[], Any]], data_dir: str,
         view["tool_list"] = "recorded"
     view["tool_list_recorded_at"] = record["recorded_at"] if record else None
     return view
+
+
+def workers_running(document: dict, data_dir: str) -> list:
+    """The worker processes of this profile that a ``status`` document and
+    the last worker's record show alive: ``[{"pid", "known_as"}]``, each pid
+    once, ``known_as`` one of ``running_call`` (its call is in flight),
+    ``resolved_call`` (a call resolved with force still runs),
+    ``owner`` (it holds an open operation's lock) and ``recorded_first_call``
+    (the last worker to record its first call, still alive).  Only what is
+    known: a worker that never recorded one is not listed."""
+    found: dict = {}
+    candidates = [((document.get("in_flight") or {}).get("pid"), "running_call")]
+    candidates += [(entry.get("pid"), "resolved_call")
+                   for entry in document.get("resolved_running") or []]
+    candidates += [(view.get("owner_pid"), "owner") for view in document.get("unresolved") or []]
+    record = read_record(data_dir)
+    if record is not None and isinstance(record["pid"], int) and process_alive(record["pid"]) \
+            and record["process_start"] in (None, process_start_time(record["pid"])):
+        candidates.append((record["pid"], "recorded_first_call"))  # the same process, not a reused pid
+    for pid, known_as in candidates:
+        if isinstance(pid, int) and pid > 0 and pid not in found:
+            found[pid] = {"pid": pid, "known_as": known_as}
+    return list(found.values())

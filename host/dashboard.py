@@ -22,7 +22,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from ..admission.registered_tools import operator_settings_view
+from ..admission.registered_tools import operator_settings_view, workers_running
 from ..reconciliation.commands import command_log, run_command
 from ..reports.messages import hermes_prefix, next_command, next_step, status_next_step
 from ..reports.status import (GATE_CLOSED, absent_journal_status, check_view,
@@ -157,6 +157,7 @@ class DashboardCommands:
         if not document.get("ok"):
             document["gate"] = GATE_CLOSED
         note_platform_problem(document, data_dir)  # as the CLI's status says
+        document["workers_running"] = workers_running(document, data_dir)
         document["check"] = check_view(document)
         return document, code
 

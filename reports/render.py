@@ -77,12 +77,28 @@ def _error_text(result: dict) -> str:
               if key not in ("code", "message", "hint", "next")]
     if "integrity" in result:
         lines.append(f"integrity: {result['integrity']}")
+    lines += _workers_lines(result)
     lines += _platform_lines(result)
     if error.get("hint"):
         lines.append(f"hint: {error['hint']}")
     if error.get("next"):
         lines.append(f"next: {_cell(error['next'])}")
     return "\n".join(lines)
+
+
+# How a status document knows a worker runs (docs/cli.md §status, workers_running).
+_KNOWN_AS = {"running_call": "its protected call is running", "resolved_call": "it still runs a "
+             "call resolved with force", "owner": "it holds an open operation",
+             "recorded_first_call": "the last worker to start here"}
+
+
+def _workers_lines(result: dict) -> list:
+    known = result.get("workers_running") or []
+    if not known:
+        return []
+    return ["workers of this profile known to run (stop them before any repair): " + "; ".join(
+        f"pid {entry.get('pid')} ({_KNOWN_AS.get(entry.get('known_as'), entry.get('known_as'))})"
+        for entry in known)]
 
 
 def _platform_lines(result: dict) -> list:
@@ -130,6 +146,7 @@ def _status_text(result: dict, header: str, prefix: Sequence[str]) -> str:
         f" (a protected call is running: operation {in_flight.get('operation_id')}, pid "
         f"{in_flight.get('pid')})" if in_flight else "")]
     lines += _resolved_running_lines(result)
+    lines += _workers_lines(result)
     if rows and result.get("gate") == GATE_BUSY:
         lines += [f"{len(rows)} protected call(s) running now (the worker holds the owner lock); "
                   "other protected calls are refused (operation_in_flight) until it ends, and "

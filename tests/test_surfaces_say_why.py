@@ -259,6 +259,42 @@ class ForcedResolutionOfARunningCall(ProfileCase):
         self.assertIn("resolved_running", document["error"]["hint"])
 
 
+class WorkersKnownToRun(ProfileCase):
+    """``workers_running``: the pids a status document knows alive, so that
+    "stop every worker" names them -- also beside an integrity verdict."""
+
+    def setUp(self):
+        super().setUp()
+        self.guard = RecoveryGuard(self.data_dir, registered_tools=lambda: HOST_TOOLS)
+        self.addCleanup(self.guard.close)
+        self.assertEqual(self.guard.tool_execution("send_payment", {"cents": 1}, lambda: "paid"),
+                         "paid")
+
+    def test_the_worker_that_recorded_its_first_call_is_named(self):
+        document = run_cli(self.data_dir, "status")[1]
+        self.assertEqual(document["workers_running"],
+                         [{"pid": os.getpid(), "known_as": "recorded_first_call"}])
+        self.guard.close()
+        os.unlink(os.path.join(self.data_dir, "head.json"))
+        code, document, _ = run_cli(self.data_dir, "status")
+        self.assertEqual((code, document["integrity"], document["workers_running"]),
+                         (1, "checkpoint_missing",
+                          [{"pid": os.getpid(), "known_as": "recorded_first_call"}]))
+        text = run_cli(self.data_dir, "status", "--format", "text")[2]
+        self.assertIn(f"workers of this profile known to run (stop them before any repair): "
+                      f"pid {os.getpid()} (the last worker to start here)", text)
+
+    def test_a_dead_or_reused_pid_is_not_named(self):
+        path = os.path.join(self.data_dir, RECORD_NAME)
+        with open(path, encoding="utf-8") as stream:
+            record = json.load(stream)
+        for changed in ({"pid": 999999999}, {"process_start": 1.0}):
+            with self.subTest(changed=changed):
+                with open(path, "w", encoding="utf-8") as stream:
+                    json.dump({**record, **changed}, stream)
+                self.assertEqual(run_cli(self.data_dir, "status")[1]["workers_running"], [])
+
+
 class FreshProfiles(ProfileCase):
     """A profile whose first protected call has not come yet reads healthy
     through ``--data-dir`` too; a directory that cannot be a profile's stays

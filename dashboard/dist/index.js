@@ -319,6 +319,17 @@
       })));
   }
 
+  // The workers of this profile the status knows to be alive, and how.
+  const KNOWN_AS = { running_call: "its protected call is running", resolved_call: "it still runs a call resolved with force",
+                     owner: "it holds an open operation", recorded_first_call: "the last worker to start here" };
+  function WorkersRunning(props) {
+    const known = (props.status && props.status.workers_running) || [];
+    if (!known.length) return null;
+    return h("div", { "data-testid": "cr-workers-running", style: { marginTop: 6, opacity: 0.85 } },
+      "Workers of this profile known to run (stop them before any repair): ",
+      known.map(function (entry) { return "pid " + entry.pid + " (" + (KNOWN_AS[entry.known_as] || entry.known_as) + ")"; }).join("; "));
+  }
+
   function Settings(props) {
     const settings = props.status && props.status.settings;
     if (!settings) return h("div", null, "-");
@@ -455,6 +466,7 @@
         h("div", { "data-testid": "cr-gate-why" }, gate.why),
         h(NeedsPerson, { status: status }),
         h(ResolvedRunning, { status: status }),
+        h(WorkersRunning, { status: status }),
         status && (status.next || (status.error && status.error.next)) ?
           h("div", { style: mono }, "next command: ", status.next || status.error.next) : null),
       h(Section, { title: "Unresolved operations", testid: "cr-unresolved" },
