@@ -13,7 +13,7 @@ from ..storage.owner import probe_lock, resolved_holders
 from ..storage.platform_support import platform_problem
 from ..storage.record import is_uuid
 from ..storage.writer_lock import stuck_writer
-from .messages import describe_age, operation_view, operation_waits_for_a_person
+from .messages import operation_view, operation_waits_for_a_person
 
 # Gate states (docs/cli.md §status).
 GATE_OPEN, GATE_BUSY, GATE_CLOSED = "open", "busy", "closed"
@@ -191,9 +191,9 @@ def check_reasons(result: dict) -> list:
     waiting = [view for view in result.get("unresolved") or []
                if operation_waits_for_a_person(view)]
     if result.get("ok") and result.get("gate") == GATE_CLOSED and waiting:
+        # No age here: the same state reads the same on every surface and every run.
         calls = "; ".join(f"{view['operation_id']} ({view.get('tool')}, {view.get('state')}, "
-                          f"started {describe_age(view.get('age_seconds') or 0)} ago)"
-                          for view in waiting[:5])
+                          f"started {view.get('started_at')})" for view in waiting[:5])
         reasons.append({"code": "unresolved_operations", "message": f"{len(waiting)} protected "
                         f"call(s) with an unknown outcome block every protected call in this "
                         f"profile: {calls}. Check the real service, then resolve each"})
