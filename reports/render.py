@@ -161,6 +161,9 @@ def _status_text(result: dict, header: str, prefix: Sequence[str]) -> str:
             _table(rows, ("operation_id", "tool", "state", "reason", "started_at", "age",
                           "owner", "session_id", "tool_call_id", "args_hash")),
             "",
+            *(f"{row['operation_id']} is dated {describe_age(row['clock_ahead_seconds'])} in the "
+              "future (the clock of the process that started it was ahead); AGE is its distance "
+              "from now" for row in rows if row.get("clock_ahead_seconds")),
             *(f"{row['operation_id']} stands for a call lost between "
               f"{row.get('lost_after') or 'the journal start'} and {row['lost_before']}: check "
               "the services for any call in that window" for row in rows
