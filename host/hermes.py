@@ -206,7 +206,11 @@ SAID_ABOVE = frozenset(("guard_poisoned", "isolation_unsupported", "unresolved_o
 
 def summary_text(status: dict, prefix: tuple) -> str:
     """The ``/crash-recovery`` text: the gate, each open operation (tool, age,
-    owner, the exact command that settles it), late outcomes, the settings."""
+    owner, the exact command that settles it), then everything else that
+    needs a person in the words of ``status --check`` (:func:`check_reasons`:
+    late outcomes, settings, a ``protected_tools`` name matching no tool) --
+    a gate that is open is never called calm while one remains -- and calls
+    resolved with force that still run."""
     lines = []
     reasons = check_reasons(status)
     worker_problem = status.get("poisoned") or status.get("isolation_problem")

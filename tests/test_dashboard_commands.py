@@ -27,7 +27,8 @@ class DashboardCommandTests(JournalTestCase):
     def setUp(self):
         super().setUp()
         self.commands = DashboardCommands(Journal, data_dir=lambda: self.data_dir,
-                                          settings=lambda: {"protected_tools": ["book_trip"]})
+                                          settings=lambda: {"protected_tools": ["book_trip"]},
+                                          registered_tools=lambda: ["book_trip", "read_file"])
 
     def uncertain_operation(self) -> str:
         guard = RecoveryGuard(self.data_dir)
