@@ -34,6 +34,7 @@ and minute), late outcomes.
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from typing import Any, Callable, Optional
@@ -54,6 +55,9 @@ from .storage.log_lines import plugin_logger
 from .storage.record import fingerprint, value_hash
 
 logger = plugin_logger(__name__)
+
+# Automatic archives skipped in a row before the skip is logged as a WARNING.
+ARCHIVE_SKIPS_BEFORE_WARNING = 3
 
 class RecoveryGuard(Gate):
     """Admission, one downstream call, classification, uncertainty (docs/guard.md).
@@ -78,6 +82,8 @@ class RecoveryGuard(Gate):
     """
 
     journal_class = Journal
+    # Automatic archives skipped in a row by this guard (see _maybe_archive).
+    _archive_skips = 0
 
     # ------------------------------------------------------------ identity --
 
@@ -221,11 +227,20 @@ class RecoveryGuard(Gate):
                     or held_calls(journal.data_dir)):
                 return
             sealed = journal.archive()
+            self._archive_skips = 0
             logger.info("crash-recovery: archived %d events into %s (archive_after_events)",
                         sealed["archived"]["count"], sealed["archived"]["file"])
         except Exception as exc:
-            logger.warning("crash-recovery: automatic archive skipped (%s)",
-                           exc.code if isinstance(exc, JournalError) else type(exc).__name__)
+            # Another worker archiving first, or a call starting meanwhile, is
+            # normal under concurrency: INFO, and a WARNING only when it keeps failing.
+            self._archive_skips += 1
+            keeps_failing = self._archive_skips >= ARCHIVE_SKIPS_BEFORE_WARNING
+            logger.log(logging.WARNING if keeps_failing else logging.INFO,
+                       "crash-recovery: automatic archive skipped (%s)%s",
+                       exc.code if isinstance(exc, JournalError) else type(exc).__name__,
+                       f", {self._archive_skips} times in a row: run "
+                       f"{command_line(self._prefix() or (), 'archive')} to see why"
+                       if keeps_failing else "; the next call tries again")
 
     def _run_protected(self, identity: tuple, call_fingerprint: str, next_call: Callable) -> Any:
         tool_name = identity[0]

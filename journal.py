@@ -32,6 +32,7 @@ escapes (see :func:`database.translate_sqlite_error`).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import sqlite3
 import time
@@ -50,6 +51,9 @@ from .storage.record import (LOST_TOOL, OUTCOMES, STATE_PENDING, checkpoint_shap
 from .storage.snapshot import DEFAULT_FULL_VERIFICATION_INTERVAL_SECONDS
 from .storage.store import JournalStore
 
+# Reads of the live segment that find it switched between their verification
+# and their rows (an archive sealed it) verify again this many times in all.
+READ_ATTEMPTS = 3
 # SQLite integers are 64-bit.
 SQLITE_MAX_INTEGER = 2**63 - 1
 # result_hash, fingerprint and args_hash when there is nothing to hash.
@@ -149,11 +153,53 @@ class Journal:
         """One full verification, then the verified events, read lazily:
         ``(JournalStatus, iterator of (seq, payload dict))`` for ``since`` < seq
         <= the verified head, only those of ``operation_id`` when given.
-        Streams; consume the iterator before closing the journal."""
+        Streams; consume the iterator before closing the journal, and use the
+        journal for nothing else meanwhile.  The rows are read in one read
+        snapshot that holds the verified segment (:meth:`_pinned_history`)."""
+        status, rows, _ = self._pinned_history(since, operation_id, with_archives=False)
+        return status, rows
+
+    def export(self, since: int = 0) -> tuple:
+        """``log --all`` (docs/cli.md §log): ``(JournalStatus, iterator of
+        (anchor, seq, payload))``: every archived event, oldest archive first
+        (``anchor`` names its segment), then the live segment's events with
+        seq > ``since`` (``anchor`` None).  The archives are those the verified
+        live segment anchors, each verified end to end before this returns;
+        the live rows are read as :meth:`history` reads them, so an archive
+        switching the segment meanwhile gives the old state or the new one,
+        never half of each.  Raises as :meth:`history` and
+        :meth:`archived_history`."""
+        status, rows, anchors = self._pinned_history(since, None, with_archives=True)
+        return status, itertools.chain(self._archived_events(anchors, None),
+                                       ((None, seq, payload) for seq, payload in rows))
+
+    def _pinned_history(self, since: int, operation_id: Optional[str], *,
+                        with_archives: bool) -> tuple:
+        """``(status, live rows, archives oldest first)``, read so that the
+        rows are the verified segment's: the first row is read (SQLite keeps
+        that read snapshot until the rows are all read), and in the same
+        snapshot the row at the verified head must have the verified hash.
+        A segment switched between the verification and that read (an
+        archive) is verified again, up to :data:`READ_ATTEMPTS` times, then
+        ``journal_changed_while_read``."""
         since = max(0, min(int(since), SQLITE_MAX_INTEGER))
-        with self._store.lock:
-            status = self._status_of(self._store.snapshot(full=True))
-        return status, self._store.rows(since, status.checkpoint["count"], operation_id)
+        for _ in range(READ_ATTEMPTS):
+            with self._store.lock:
+                chain = self._store.snapshot(full=True)
+                status = self._status_of(chain)
+            anchors = self._verified_archives(chain, None) if with_archives else []
+            reach_boundary("verified", "export" if with_archives else "history")
+            count, head = status.checkpoint["count"], status.checkpoint["head"]
+            with self._store.lock:
+                rows = self._store.rows(since, count, operation_id)
+                first = next(rows, None)
+                if count == 0 or self._store.hash_at(count) == head:
+                    return (status, itertools.chain(() if first is None else (first,), rows),
+                            anchors)
+                rows.close()
+        raise JournalUnavailable(
+            "journal_changed_while_read", f"the live segment was switched (an archive sealed "
+            f"it) each of the {READ_ATTEMPTS} times it was read; nothing of it was printed")
 
     def events(self, since: int = 0) -> list:
         """Verify the whole journal, then return ``(seq, payload dict)`` for every
@@ -400,13 +446,23 @@ class Journal:
         :class:`IntegrityError` (``archive_missing``, ``archive_mismatch``)."""
         with self._store.lock:
             chain = self._store.snapshot()
+        return self._archived_events(self._verified_archives(chain, operation_id), operation_id)
+
+    def _verified_archives(self, chain: Chain, operation_id: Optional[str]) -> list:
+        """The anchors of ``chain``'s archives, oldest first (only the one
+        holding ``operation_id`` when given), each verified end to end."""
         oldest_first = list(reversed(archive.anchors(self.data_dir, chain.archive)))
         if operation_id is not None:
             holding = archive_reading.holding(self.data_dir, oldest_first, operation_id)
             oldest_first = [holding] if holding is not None else []
         for anchor in oldest_first:  # each once: linear in archived events
             archive.verify_archive(self.data_dir, anchor, follow=False)
-        return ((anchor, seq, payload) for anchor in oldest_first
+        return oldest_first
+
+    def _archived_events(self, anchors: list, operation_id: Optional[str]) -> Iterator[tuple]:
+        """``(anchor, seq, payload)`` of the archives ``anchors``, their rows
+        hashed again as they are read (:mod:`storage.archive_reading`)."""
+        return ((anchor, seq, payload) for anchor in anchors
                 for seq, payload in archive_reading.verified_events(self.data_dir, anchor,
                                                                     operation_id))
 

@@ -28,20 +28,23 @@ if __name__ == "__main__" and not __package__:  # `python operator_cli.py` in a 
 import argparse
 import contextlib
 import os
+import shutil
 import signal
 import sys
 import threading
 import time
 from typing import Any, Callable, Iterator, Optional, Sequence
 
-from .admission.settings import needs_attention, settings_view
+from .admission.registered_tools import operator_settings_view, read_record, workers_running
+from .admission.settings import settings_view
+from .host import hermes
 from .journal import Journal
 from .reconciliation.commands import CommandError, run_command
-from .reports.messages import (WRITING_COMMANDS, next_command, next_step_of, standalone_prefix,
-                               status_next_step)
+from .reports.messages import (WRITING_COMMANDS, command_line, next_command, next_step_of,
+                               standalone_prefix, status_next_step)
 from .reports.render import json_text, log_text_lines, render_text, stdout_takes_unicode
-from .reports.status import (GATE_CLOSED, absent_journal_status, note_platform_problem,
-                             prometheus_text)
+from .reports.status import (CHECK_NEEDS_A_PERSON, absent_journal_status, check_view,
+                             note_platform_problem, prometheus_text)
 from .storage.durable import read_regular_file
 from .storage.errors import JournalError
 from .storage.record import CHECKPOINT_NAME, INTENT_NAME
@@ -94,7 +97,7 @@ when protected calls are blocked:
   3. show OP --format text       the operation's whole history (OP: its id, or the
                                  first characters of it when they are unique)
   4. check the real service (receipt, request log, database row) for that call; the
-     call's arguments: hermes sessions export --session-id SESSION_ID -
+     call's arguments: hermes -p PROFILE sessions export --session-id SESSION_ID -
   5. resolve OP --outcome completed|not_applied --evidence "what you checked"
      (or --evidence-file FILE, - for stdin; cannot tell? leave it unresolved: the gate
      stays closed, nothing is repeated)
@@ -179,11 +182,30 @@ def add_arguments(parser: argparse.ArgumentParser, parser_class: type) -> None:
                                         "start a new, short segment", parents=[options])
 
 
+def console_script_name() -> Optional[str]:
+    """The name this process was started as when it is the console script
+    (``crash-recovery-operator``, after ``pip install .``), else None."""
+    program = os.path.basename(sys.argv[0] or "")
+    return program if program.startswith("crash-recovery") else None
+
+
+def standalone_words(data_dir: str) -> tuple:
+    """How a person runs the stand-alone CLI on ``data_dir`` again, for the
+    commands it prints (``next``, the text hints): the console script by its
+    own name where that name finds it on PATH (by its path otherwise), else
+    this interpreter and ``operator_cli.py``'s path."""
+    program = console_script_name()
+    if program is None:
+        return standalone_prefix(data_dir)
+    found = shutil.which(program)
+    same = found is not None and os.path.realpath(found) == os.path.realpath(sys.argv[0])
+    return (program if same else os.path.abspath(sys.argv[0]), "--data-dir", data_dir)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The stand-alone parser for every command (usage errors raise CommandError)."""
     # The console script (`crash-recovery-operator`) is named as it was run.
-    program = os.path.basename(sys.argv[0] or "")
-    parser = _Parser(prog=program if program.startswith("crash-recovery") else "operator_cli.py",
+    parser = _Parser(prog=console_script_name() or "operator_cli.py",
                      description="Inspect and settle the crash-recovery journal.",
                      epilog=RUNBOOK_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser, _Parser)
@@ -215,22 +237,31 @@ def execute(args: argparse.Namespace, data_dir_default: Callable[[], str],
         if output_format == "prometheus" and command != "status":
             raise CommandError("usage", "--format prometheus is for status only")
         data_dir = os.path.abspath(args.data_dir or data_dir_default())
+        if args.data_dir is not None and hermes.is_hermes_home(data_dir):
+            data_dir = str(hermes.data_dir_of_home(data_dir))  # a home typed for its data dir
         before = _checkpoint_bytes(data_dir)
         try:
             with progress_on_terminal(command):
                 result, ok = run_command(command, args, data_dir, Journal)
         except KeyboardInterrupt:  # Ctrl-C: one document, no traceback
             result, ok = _interrupted(command, data_dir, before), False
-        if (not ok and command == "status" and settings is not None and args.data_dir is None
-                and result["error"]["code"] == "journal_absent"):
-            # The profile's own directory: no protected call yet, nothing blocked.
+        if (not ok and command == "status" and result["error"]["code"] == "journal_absent"
+                and ((settings is not None and args.data_dir is None)
+                     or hermes.home_of_data_dir(data_dir) is not None
+                     or read_record(data_dir) is not None)):
+            # A profile's own directory (where a worker recorded its first
+            # call, or beside a Hermes home): no protected call yet, nothing blocked.
             result, ok = absent_journal_status(data_dir), True
         exit_code = EXIT_OK if ok else EXIT_ERROR
     except CommandError as exc:  # a usage error, found before any command ran
         result, exit_code = {"ok": False, "error": {"code": exc.code, "message": exc.message,
                                                     **exc.details}}, EXIT_ERROR
-    if command == "status" and settings is not None:
-        result["settings"] = settings_view(settings, registered_tools)
+    if command == "status":
+        shown = (operator_settings_view(settings, data_dir, registered_tools)
+                 if data_dir is not None else
+                 settings_view(settings, registered_tools) if settings is not None else None)
+        if shown is not None:
+            result["settings"] = shown
     if command == "status" and data_dir is not None:
         note_platform_problem(result, data_dir)  # the guard refuses protected calls then
     if data_dir is not None:  # the next command, as it is run here (docs/cli.md §Output)
@@ -238,13 +269,18 @@ def execute(args: argparse.Namespace, data_dir_default: Callable[[], str],
         if exit_code == EXIT_ERROR:
             error = result["error"]
             error["next"] = next_command(here, next_step_of(error))
+            if error["next"] is None:
+                error["next"] = _profile_status_command(error["code"], data_dir, prefix)
         elif command == "status":
             result["next"] = next_command(here, status_next_step(result))
-    if exit_code == EXIT_OK and getattr(args, "check", False) and (
-            result.get("gate") == GATE_CLOSED or result.get("attention")
-            or result.get("platform_problem")
-            or needs_attention(result.get("settings") or {})):
-        exit_code = EXIT_ATTENTION  # a running call (gate busy) needs nobody
+    if command == "status":
+        if data_dir is not None:
+            result["workers_running"] = workers_running(result, data_dir)
+        # Why --check exits as it does, for every surface (docs/cli.md §status).
+        result["check"] = check_view(result)
+        if (exit_code == EXIT_OK and getattr(args, "check", False)
+                and result["check"]["exit_code"] == CHECK_NEEDS_A_PERSON):
+            exit_code = EXIT_ATTENTION  # a running call (gate busy) needs nobody
     if command == "log" and exit_code == EXIT_OK:
         exit_code = _print_log(result, jsonl=args.jsonl, text=output_format == "text")
     elif output_format == "prometheus":
@@ -259,6 +295,22 @@ def execute(args: argparse.Namespace, data_dir_default: Callable[[], str],
     else:
         print(json_text(result, 1))
     return exit_code
+
+
+def _profile_status_command(code: str, data_dir: str,
+                            prefix: Optional[Callable[[str], Sequence[str]]]) -> Optional[str]:
+    """``next`` for a data directory that cannot be a profile's (no journal
+    there, or not a directory): ``status`` on the data directory of the
+    nearest Hermes home above it, else of ``$HERMES_HOME`` / ``~/.hermes``,
+    else a placeholder for it; None for other codes."""
+    if not (code == "journal_absent"
+            or (code == "storage_unavailable" and not os.path.isdir(data_dir))):
+        return None
+    home = os.path.dirname(os.path.dirname(default_data_dir()))
+    candidate = str(hermes.nearest_profile_data_dir(data_dir, home)
+                    or "<HERMES_HOME>/plugin-data/crash-recovery")
+    return command_line(tuple(prefix(candidate)) if prefix else standalone_prefix(candidate),
+                        "status")
 
 
 @contextlib.contextmanager
@@ -380,7 +432,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except CommandError as exc:
         print(json_text({"ok": False, "error": {"code": exc.code, "message": exc.message}}, 1))
         return EXIT_ERROR
-    return execute(args, default_data_dir)
+    return execute(args, default_data_dir, standalone_words)
 
 
 def run() -> int:

@@ -32,6 +32,7 @@ from ..storage.record import DATABASE_NAME
 from .binding import inherited_admission, live_admission, same_call
 from .bridge import runs_while_closed
 from .closed_gate import journal_present, keeps_gate_open, while_closed_text
+from .registered_tools import record_first_call
 from .settings import (KNOWN_KEYS, MODE_PROTECTED_TOOLS, Settings, parse_settings,
                        tool_names_view, with_attention)
 
@@ -169,6 +170,7 @@ class Gate:
             except Exception:  # e.g. no Hermes to resolve the data directory yet
                 logger.debug("crash-recovery: first-call check %s skipped", warn.__name__,
                              exc_info=True)
+        record_first_call(self._data_dir_source, self._registered_tools, self.settings())
 
     def _warn_unprotected_open_operations(self) -> None:
         """An open operation whose tool these settings no longer protect (the

@@ -182,18 +182,20 @@ def parse_settings(raw: Any) -> Settings:
                        f"{_shown(str(exc))})", {})
 
 
-def settings_view(settings: Any, registered: Optional[Callable[[], Any]] = None) -> dict:
+def settings_view(settings: Any, registered: Optional[Callable[[], Any]] = None, *,
+                  partial: bool = True) -> dict:
     """The parsed settings as ``status`` shows them (docs/cli.md §status):
     ``settings()`` returns the raw mapping; a reader that raises is a problem
     (every tool protected), never an exception.  ``registered()``: the
-    host's tool names as far as this process knows them (:func:`tool_names_view`)."""
+    host's tool names as far as this process knows them; ``partial``: they
+    leave out MCP tools (:func:`tool_names_view`)."""
     try:
         raw = settings()
     except Exception as exc:  # the same fail-closed reading as the guard's
         raw = f"<unreadable: {type(exc).__name__}: {exc}>"
     parsed = parse_settings(raw)
     return with_attention({**parsed.to_json(), **tool_names_view(parsed, registered,
-                                                                 partial=True)})
+                                                                 partial=partial)})
 
 
 def with_attention(view: dict) -> dict:

@@ -23,11 +23,12 @@ import urllib.parse
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from ..admission.settings import settings_view
+from ..admission.registered_tools import operator_settings_view, workers_running
 from ..reconciliation.caller import peer_caller
 from ..reconciliation.commands import command_log, run_command
 from ..reports.messages import hermes_prefix, next_command, next_step_of, status_next_step
-from ..reports.status import GATE_CLOSED, GATE_OPEN, note_platform_problem
+from ..reports.status import (GATE_CLOSED, absent_journal_status, check_view,
+                              note_platform_problem)
 from ..storage import archive
 from . import hermes
 from .program import host_program
@@ -47,6 +48,16 @@ ACKNOWLEDGE_FIELDS = {"evidence"}
 IDENTITY_FIELD_MAX_CHARS = 256
 
 _JOURNAL_ACCESS = threading.Lock()
+
+# The page's own words for refusals whose CLI hint names command-line options
+# (the page has a checkbox and buttons, not --force): docs/dashboard.md.
+PAGE_HINTS = {
+    "owner_running": "the call's worker still runs: stop it, or wait for the call to finish. "
+                     "Tick \"force\" only when you know that worker can no longer act (it "
+                     "hangs on a dead connection you cannot kill), and say why in the evidence",
+    "operation_not_open": "it is already settled (another page or a shell did it): its History "
+                          "shows who and how",
+}
 
 
 def http_status(document: dict) -> int:
@@ -151,10 +162,13 @@ class DashboardCommands:
 
     def __init__(self, journal_class: Callable[..., Any],
                  data_dir: Callable[[], Any] = hermes.resolve_data_dir,
-                 settings: Optional[Callable[[], Any]] = None):
+                 settings: Optional[Callable[[], Any]] = None,
+                 registered_tools: Optional[Callable[[], Any]] = None):
         self.journal_class = journal_class
         self.data_dir = data_dir
         self.settings = settings if settings is not None else hermes.settings_reader(None)
+        self.registered_tools = (registered_tools if registered_tools is not None
+                                 else _host_tool_names)
 
     def _run(self, command: Any, **arguments: Any) -> tuple:
         args = argparse.Namespace(**arguments)
@@ -172,17 +186,25 @@ class DashboardCommands:
     # ------------------------------------------------------------- reading --
 
     def status(self) -> tuple:
-        """``status`` (docs/cli.md §status) plus ``settings`` and ``profile``;
-        an error document also gets ``gate: closed`` (nothing protected runs),
-        except ``journal_absent`` (no protected call yet: the gate is open)."""
+        """``status`` (docs/cli.md §status) plus ``settings``, ``profile`` and
+        ``check``, as ``hermes crash-recovery status`` answers them: the
+        profile's own directory without a journal is a profile whose first
+        protected call has not come (``journal: "absent"``, gate open); an
+        error document also gets ``gate: closed`` (nothing protected runs)."""
+        data_dir = str(self.data_dir())
         document, code = self._run("status", check=False)
-        document.setdefault("data_dir", str(self.data_dir()))  # error documents too
-        document["settings"] = settings_view(self.settings)
+        if (document.get("error") or {}).get("code") == "journal_absent":
+            document, code = absent_journal_status(data_dir), 200
+            document["next"] = None
+        document.setdefault("data_dir", data_dir)  # error documents too
+        document["settings"] = operator_settings_view(self.settings, data_dir,
+                                                      self.registered_tools)
         document["profile"] = profile_view()
         if not document.get("ok"):
-            absent = (document.get("error") or {}).get("code") == "journal_absent"
-            document["gate"] = GATE_OPEN if absent else GATE_CLOSED
-        note_platform_problem(document, str(self.data_dir()))  # as the CLI's status says
+            document["gate"] = GATE_CLOSED
+        note_platform_problem(document, data_dir)  # as the CLI's status says
+        document["workers_running"] = workers_running(document, data_dir)
+        document["check"] = check_view(document)
         return document, code
 
     def show(self, operation_id: Any) -> tuple:
@@ -201,7 +223,11 @@ class DashboardCommands:
         """``{"ok", "integrity", "data_dir", "archives": [anchor, ...]}``,
         newest first: the archives the live segment's anchor chain reaches
         (docs/format.md §Archives), after one full verification."""
-        return self._run(_list_archives, since=0, all=False)
+        document, code = self._run(_list_archives, since=0, all=False)
+        if (document.get("error") or {}).get("code") == "journal_absent":  # no call yet
+            document, code = {"ok": True, "integrity": "ok", "data_dir": str(self.data_dir()),
+                              "archives": []}, 200
+        return document, code
 
     # ------------------------------------------------------------- writing --
 
@@ -219,9 +245,10 @@ class DashboardCommands:
             problem = "force must be true or false"
         if problem:
             return usage(problem)
-        return self._run("resolve", operation_id=str(operation_id), outcome=body["outcome"],
-                         evidence=body["evidence"], force=body.get("force", False),
-                         operator_via=operator_via, caller=_caller(connection))
+        return _in_page_words(self._run(
+            "resolve", operation_id=str(operation_id), outcome=body["outcome"],
+            evidence=body["evidence"], force=body.get("force", False),
+            operator_via=operator_via, caller=_caller(connection)))
 
     def acknowledge(self, operation_id: Any, body: Any, operator_via: dict,
                     connection: Optional[tuple] = None) -> tuple:
@@ -230,15 +257,37 @@ class DashboardCommands:
         problem = _body_problem(body, ACKNOWLEDGE_FIELDS)
         if problem:
             return usage(problem)
-        return self._run("acknowledge", operation_id=str(operation_id),
-                         evidence=body["evidence"], operator_via=operator_via,
-                         caller=_caller(connection))
+        return _in_page_words(self._run("acknowledge", operation_id=str(operation_id),
+                                        evidence=body["evidence"], operator_via=operator_via,
+                                        caller=_caller(connection)))
 
 
 def _caller(connection: Optional[tuple]) -> Any:
     """The :class:`caller.Caller` of a request from its connection's two ends."""
     client, server = connection if connection else (None, None)
     return peer_caller(client, server)
+
+
+def _in_page_words(answer: tuple) -> tuple:
+    """A writing command's answer with the hint the page shows beside its
+    form (:data:`PAGE_HINTS`) in place of the CLI's."""
+    document, status = answer
+    error = document.get("error") or {}
+    if error.get("code") in PAGE_HINTS:
+        error["hint"] = PAGE_HINTS[error["code"]]
+    return document, status
+
+
+# The built-in tools are registered in this process once, at the first status:
+# the dashboard then judges protected_tools as `hermes crash-recovery` does.
+_BUILTINS_LOADED: list = []
+
+
+def _host_tool_names() -> Optional[list]:
+    """The host's tool names as the dashboard's process can read them."""
+    names = hermes.registered_tool_names(load=not _BUILTINS_LOADED)
+    _BUILTINS_LOADED[:] = [True]
+    return names
 
 
 def _list_archives(args: argparse.Namespace, data_dir: str, journal_class: Callable) -> dict:

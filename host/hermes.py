@@ -24,7 +24,7 @@ from ..admission.settings import KNOWN_KEYS
 from ..reports.chat import chat_error
 from ..reports.messages import (bounded, command_line, describe_age, hermes_prefix,
                                 next_command, reach_warning, status_next_step)
-from ..reports.status import GATE_CLOSED, operation_waits_for_a_person
+from ..reports.status import GATE_CLOSED, check_reasons, operation_waits_for_a_person
 from ..storage.errors import JournalError
 from .program import host_program
 
@@ -127,6 +127,45 @@ def profile_of_home(home: Any) -> str:
     return "default" if os.path.realpath(home) == os.path.realpath(default) else "custom"
 
 
+# Hermes writes its config.yaml into every home it makes (``hermes profile
+# create``, the first run): a directory holding one is a Hermes home.
+HOME_CONFIG_NAME = "config.yaml"
+
+
+def is_hermes_home(path: Any) -> bool:
+    """Whether ``path`` is a Hermes home (a directory holding ``config.yaml``)."""
+    return os.path.isfile(os.path.join(os.fspath(path), HOME_CONFIG_NAME))
+
+
+def data_dir_of_home(home: Any) -> Path:
+    """The crash-recovery data directory of the Hermes home ``home``
+    (``<home>/plugin-data/crash-recovery``, as :func:`resolve_data_dir`)."""
+    return Path(home) / "plugin-data" / PLUGIN_NAME
+
+
+def home_of_data_dir(data_dir: Any) -> Optional[Path]:
+    """The Hermes home whose crash-recovery data directory ``data_dir`` is
+    (``<home>/plugin-data/crash-recovery``, the home holding ``config.yaml``),
+    or None: a directory that cannot be a profile's (a typo, a file)."""
+    path = Path(os.path.abspath(os.fspath(data_dir)))
+    home = path.parent.parent
+    if path.name == PLUGIN_NAME and path.parent.name == "plugin-data" and is_hermes_home(home):
+        return home
+    return None
+
+
+def nearest_profile_data_dir(path: Any, default_home: Any) -> Optional[Path]:
+    """The data directory a person most likely meant instead of ``path``:
+    that of the nearest Hermes home among ``path``'s ancestors, else that of
+    ``default_home`` (``$HERMES_HOME`` or ``~/.hermes``) when it is a Hermes
+    home; None when neither is, or the answer is ``path`` itself."""
+    path = Path(os.path.abspath(os.fspath(path)))
+    for candidate in (*path.parents, Path(os.path.abspath(os.fspath(default_home)))):
+        if is_hermes_home(candidate) and data_dir_of_home(candidate) != path:
+            return data_dir_of_home(candidate)
+    return None
+
+
 def command_prefix() -> tuple:
     """``PROGRAM [-p PROFILE] crash-recovery``: how an operator runs the
     commands in this profile, PROGRAM being the name the host was started as
@@ -203,10 +242,19 @@ def slash_command(status_report: Callable[[], dict]) -> Callable[[str], str]:
     return handle
 
 
+# Reasons of `status --check` that the headline of /crash-recovery already says.
+SAID_ABOVE = frozenset(("guard_poisoned", "isolation_unsupported", "unresolved_operations"))
+
+
 def summary_text(status: dict, prefix: tuple) -> str:
     """The ``/crash-recovery`` text: the gate, each open operation (tool, age,
-    owner, the exact command that settles it), late outcomes, the settings."""
+    owner, the exact command that settles it), then everything else that
+    needs a person in the words of ``status --check`` (:func:`check_reasons`:
+    late outcomes, settings, a ``protected_tools`` name matching no tool) --
+    a gate that is open is never called calm while one remains -- and calls
+    resolved with force that still run."""
     lines = []
+    reasons = check_reasons(status)
     worker_problem = status.get("poisoned") or status.get("isolation_problem")
     if worker_problem and not (status.get("error") or {}).get("code"):
         # This worker refuses, not the journal: its own sentence says what to do.
@@ -240,17 +288,23 @@ def summary_text(status: dict, prefix: tuple) -> str:
     else:
         state = "busy (a protected call is running)" if status.get("gate") == "busy" else "open"
         count = (status.get("checkpoint") or {}).get("count", 0)
-        lines.append(f"crash-recovery: gate {state} -- nothing unresolved; the journal verified "
-                     f"({count} events).")
+        lines.append(f"crash-recovery: gate {state}, but something NEEDS A PERSON:" if reasons
+                     else f"crash-recovery: gate {state} -- nothing unresolved; the journal "
+                          f"verified ({count} events).")
+    # What else needs a person, in the words of `status --check` (the branch
+    # above said the journal's verdict and the unknown outcomes already).
+    for reason in reasons:
+        if reason["code"] not in SAID_ABOVE and reason["code"] != (status.get("error")
+                                                                    or {}).get("code"):
+            lines.append(f"! {reason['code']}: {bounded(reason['message'])}")
     for operation in status.get("attention") or []:
-        lines.append(f"! {operation['operation_id']} {operation['tool']} returned "
-                     f"({operation.get('late_reason')}) after it was resolved as "
-                     f"{operation.get('outcome')}: check it, then "
-                     + command_line(prefix, "acknowledge", operation["operation_id"],
-                                           "--evidence", "<what you did>"))
-    problem = (status.get("settings") or {}).get("problem")
-    if problem:
-        lines.append(f"! settings problem (every tool is protected until fixed): {problem}")
+        lines.append(f"  acknowledge {operation['operation_id']}: " + command_line(
+            prefix, "acknowledge", operation["operation_id"], "--evidence", "<what you did>"))
+    running = status.get("resolved_running") or []
+    if running:
+        lines.append(f"{len(running)} call(s) resolved with force still run (pid "
+                     f"{', '.join(str(entry.get('pid')) for entry in running)}): a late outcome "
+                     "may still arrive, and archive waits for them.")
     reach = reach_warning((status.get("settings") or {}).get("agent_reaches_journal") or [])
     if reach:
         lines.append(f"! {reach}")

@@ -51,12 +51,13 @@ ERROR_HINTS = {
                         "every worker and run the `next` command (repair-checkpoint): it "
                         "re-anchors the checkpoint to the verified database and keeps every "
                         "open operation blocking",
-    "owner_running": "stop the worker (or wait for the call to finish), then run `status` again; "
-                     "use --force only when you know the worker can no longer act, and say why "
-                     "in --evidence",
-    "journal_absent": "no journal in this data directory: check the profile (-p PROFILE) or "
-                      "--data-dir you meant. A profile has none until its first protected "
-                      "call, and nothing is blocked there",
+    "owner_running": "stop the worker (or wait for the call to finish), then run `status` "
+                     "again; `resolve --force` only when you know the worker can no longer "
+                     "act, and say why in --evidence",
+    "journal_absent": "no journal in this data directory, and it is not the data directory of "
+                      "a Hermes profile (<home>/plugin-data/crash-recovery beside the home's "
+                      "config.yaml): check the profile (-p PROFILE) or --data-dir you meant; "
+                      "`next` runs status on the profile's own",
     "operation_not_open": "the operation is already settled: `show OP` prints its history",
     "unknown_operation": "copy the operation id from `status`",
     "repair_not_applicable": "repair-checkpoint only clears checkpoint_ahead (`found` says what "
@@ -83,6 +84,22 @@ ERROR_HINTS = {
     "read_access_only": "this user may read the journal but not write it: run the command as "
                         "the user the workers run as (the owner of the data directory)",
 }
+
+
+# Hints that depend on the command that met the code: a hint names only
+# options of its own command, or of a command it names before them.
+COMMAND_HINTS = {
+    ("archive", "owner_running"): "a protected call is out: one running now, or one an operator "
+                                  "resolved whose worker still runs (status lists it under "
+                                  "resolved_running): its outcome may still be recorded. Let it "
+                                  "finish or stop that worker, then run `archive` again",
+}
+
+
+def hint_for(command: Optional[str], code: str) -> Optional[str]:
+    """The ``hint`` of an error ``code`` met by ``command`` (docs/cli.md
+    §Output), or None."""
+    return COMMAND_HINTS.get((command, code), ERROR_HINTS.get(code))
 
 
 class CommandError(Exception):
@@ -350,21 +367,23 @@ def command_log(args: argparse.Namespace, data_dir: str, journal_class: JournalC
     (the journal stays open until then): constant memory for any length."""
     journal = journal_class(data_dir, readonly=True)
     try:
-        status, events = journal.history(since=args.since)
-        # Every archive is verified before the first line is printed.
-        archived = journal.archived_history() if args.all else iter(())
+        # Every archive is verified before the first line is printed, and the
+        # live rows are read as they were verified, whatever archives meanwhile.
+        if args.all:
+            status, events = journal.export(since=args.since)
+        else:
+            status, live = journal.history(since=args.since)
+            events = ((None, seq, payload) for seq, payload in live)
     except BaseException:
         journal.close()
         raise
 
     def exported():
         try:
-            # The archives first, oldest first, each event naming its segment.
-            for anchor, seq, payload in archived:
-                yield dict(payload, seq=seq, journal_id=anchor["journal_id"])
-            for seq, payload in events:
-                yield dict(payload, seq=seq, **({"journal_id": status.checkpoint["journal_id"]}
-                                                if args.all else {}))
+            # With --all each event names its segment: an archive's, or the live one.
+            for anchor, seq, payload in events:
+                segment = anchor["journal_id"] if anchor else status.checkpoint["journal_id"]
+                yield dict(payload, seq=seq, **({"journal_id": segment} if args.all else {}))
         finally:
             journal.close()
 
@@ -405,8 +424,8 @@ def command_resolve(args: argparse.Namespace, data_dir: str, journal_class: Jour
         raise CommandError(
             "owner_running",
             f"the worker that started {operation_id} still runs (pid {owner['pid']}); its "
-            "outcome is not final yet. Stop every worker of this profile first, or pass "
-            "--force with evidence that says why", owner=owner)
+            "outcome is not final yet. Stop every worker of this profile first, or force the "
+            "resolution with evidence that says why", owner=owner)
     forced = bool(args.force and owner["owner"] == OWNER_RUNNING)
     operator = acting_operator(args)
     with journal_class(data_dir, create=False) as journal:
@@ -536,8 +555,9 @@ def run_command(command: "str | Callable[..., dict]", args: argparse.Namespace, 
         # the journal's real integrity.
         result = {"ok": False, "integrity": exc.details.get("found", exc.code),
                   "error": exc.to_json()}
-    if result["error"]["code"] in ERROR_HINTS:
-        result["error"]["hint"] = ERROR_HINTS[result["error"]["code"]]
+    hint = hint_for(command if isinstance(command, str) else None, result["error"]["code"])
+    if hint:
+        result["error"]["hint"] = hint
     error = result["error"]
     error["next"] = next_command((), next_step_of(error))
     return result, False

@@ -78,12 +78,28 @@ def _error_text(result: dict) -> str:
               if key not in ("code", "message", "hint", "next")]
     if "integrity" in result:
         lines.append(f"integrity: {result['integrity']}")
+    lines += _workers_lines(result)
     lines += _platform_lines(result)
     if error.get("hint"):
         lines.append(f"hint: {error['hint']}")
     if error.get("next"):
         lines.append(f"next: {_cell(error['next'])}")
     return "\n".join(lines)
+
+
+# How a status document knows a worker runs (docs/cli.md §status, workers_running).
+_KNOWN_AS = {"running_call": "its protected call is running", "resolved_call": "it still runs a "
+             "call resolved with force", "owner": "it holds an open operation",
+             "recorded_first_call": "the last worker to start here"}
+
+
+def _workers_lines(result: dict) -> list:
+    known = result.get("workers_running") or []
+    if not known:
+        return []
+    return ["workers of this profile known to run (stop them before any repair): " + "; ".join(
+        f"pid {entry.get('pid')} ({_KNOWN_AS.get(entry.get('known_as'), entry.get('known_as'))})"
+        for entry in known)]
 
 
 def _platform_lines(result: dict) -> list:
@@ -99,13 +115,39 @@ def _owner_text(operation: dict) -> Optional[str]:
     return owner
 
 
+def check_lines(result: dict) -> list:
+    """What needs a person, first (the ``check`` field, docs/cli.md §status):
+    a headline with the exit code of ``status --check`` and one line per
+    reason; [] when nothing does."""
+    check = result.get("check") or {}
+    reasons = check.get("reasons") or []
+    if not reasons:
+        return []
+    return [f"NEEDS A PERSON (status --check exits {check.get('exit_code')}):",
+            *(f"- {_cell(reason.get('code'))}: {_cell(reason.get('message'))}"
+              for reason in reasons), ""]
+
+
+def _resolved_running_lines(result: dict) -> list:
+    running = result.get("resolved_running") or []
+    if not running:
+        return []
+    return [f"{len(running)} call(s) an operator resolved with --force still run: each may yet "
+            "record a late outcome, and `archive` waits for them (stop the worker when it can "
+            "no longer act):",
+            *(f"  operation {entry.get('operation_id')}, pid {entry.get('pid')}"
+              for entry in running)]
+
+
 def _status_text(result: dict, header: str, prefix: Sequence[str]) -> str:
     rows = [dict(row, age=describe_age(row["age_seconds"]), owner=_owner_text(row))
             for row in result["unresolved"]]
     in_flight = result.get("in_flight")
-    lines = [header, f"gate: {result.get('gate')}" + (
+    lines = [*check_lines(result), header, f"gate: {result.get('gate')}" + (
         f" (a protected call is running: operation {in_flight.get('operation_id')}, pid "
         f"{in_flight.get('pid')})" if in_flight else "")]
+    lines += _resolved_running_lines(result)
+    lines += _workers_lines(result)
     if rows and result.get("gate") == GATE_BUSY:
         lines += [f"{len(rows)} protected call(s) running now (the worker holds its call lock); "
                   "other protected calls are refused (operation_in_flight) until it ends, and "
@@ -120,6 +162,9 @@ def _status_text(result: dict, header: str, prefix: Sequence[str]) -> str:
             _table(rows, ("operation_id", "tool", "state", "reason", "started_at", "age",
                           "owner", "session_id", "tool_call_id", "args_hash")),
             "",
+            *(f"{row['operation_id']} is dated {describe_age(row['clock_ahead_seconds'])} in the "
+              "future (the clock of the process that started it was ahead); AGE is its distance "
+              "from now" for row in rows if row.get("clock_ahead_seconds")),
             *(f"{row['operation_id']} stands for a call lost between "
               f"{row.get('lost_after') or 'the journal start'} and {row['lost_before']}: check "
               "the services for any call in that window" for row in rows
@@ -147,9 +192,20 @@ def _status_text(result: dict, header: str, prefix: Sequence[str]) -> str:
     if shown:
         tools = ", ".join(map(_cell, shown.get(shown.get("mode"), []))) or "-"
         lines += ["", f"settings: mode {shown.get('mode')}: {tools}"]
+        if shown.get("recorded_at"):
+            lines.append(f"  as the worker pid {shown.get('recorded_by_pid')} read them at "
+                         f"{_cell(shown['recorded_at'])} (registered_tools.json)")
+        recorded = (f", recorded by a worker at {_cell(shown['tool_list_recorded_at'])}"
+                    if shown.get("tool_list_recorded_at") else "")
+        lines.append(f"  tool list: {shown.get('tool_list')}{recorded}")
         if shown.get("problem"):
             lines.append(f"SETTINGS PROBLEM (every tool is protected until it is fixed): "
                          f"{_cell(shown['problem'])}")
+        if shown.get("unmatched_tools"):
+            effect = ("each protects nothing: the real tool runs unrecorded" if shown.get(
+                "mode") == "protected_tools" else "listing them changes nothing")
+            lines.append(f"UNMATCHED TOOL NAMES (no tool of this host has the name; {effect}): "
+                         + ", ".join(map(_cell, shown["unmatched_tools"])))
         reach = reach_warning([_cell(tool) for tool in shown.get("agent_reaches_journal") or []])
         if reach:
             lines.append(reach)

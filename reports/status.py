@@ -156,6 +156,70 @@ def note_platform_problem(result: dict, data_dir: str) -> dict:
     return result
 
 
+# Exit codes of `status --check` (docs/cli.md §Output).
+CHECK_OK, CHECK_ERROR, CHECK_NEEDS_A_PERSON = 0, 1, 3
+
+
+def check_reasons(result: dict) -> list:
+    """Why ``status --check`` does not exit 0 for a ``status`` document
+    (docs/cli.md §status, the ``check`` field): ``[{"code", "message"}]``,
+    [] when nothing needs a person.  The codes: the error's (an integrity
+    verdict, ``journal_absent``, ...), ``guard_poisoned`` and
+    ``isolation_unsupported`` (a worker's own report), ``platform_unsupported``,
+    ``unresolved_operations``, ``late_outcome`` (one per operation),
+    ``settings_problem`` and ``unmatched_tools``.  Every surface (the text
+    status, ``/crash-recovery``, the dashboard) shows these same sentences."""
+    reasons = []
+    error = result.get("error") or {}
+    if error.get("code"):
+        reasons.append({"code": error["code"], "message": str(error.get("message") or "")})
+    for key, code in (("poisoned", "guard_poisoned"), ("isolation_problem",
+                                                       "isolation_unsupported")):
+        if result.get(key):
+            reasons.append({"code": code, "message": f"this worker refuses every protected "
+                            f"call: {result[key]}"})
+    if result.get("platform_problem"):
+        reasons.append({"code": "platform_unsupported", "message": "every protected call is "
+                        f"refused on this platform: {result['platform_problem']}"})
+    waiting = [view for view in result.get("unresolved") or []
+               if operation_waits_for_a_person(view)]
+    if result.get("ok") and result.get("gate") == GATE_CLOSED and waiting:
+        # No age here: the same state reads the same on every surface and every run.
+        calls = "; ".join(f"{view['operation_id']} ({view.get('tool')}, {view.get('state')}, "
+                          f"started {view.get('started_at')})" for view in waiting[:5])
+        reasons.append({"code": "unresolved_operations", "message": f"{len(waiting)} protected "
+                        f"call(s) with an unknown outcome block every protected call in this "
+                        f"profile: {calls}. Check the real service, then resolve each"})
+    for view in result.get("attention") or []:
+        reasons.append({"code": "late_outcome", "message": f"operation {view['operation_id']} "
+                        f"({view.get('tool')}) ended ({view.get('late_reason')}) after it was "
+                        f"resolved as {view.get('outcome')}: compare the two, "
+                        "fix the real world if they disagree, then acknowledge it"})
+    shown = result.get("settings") or {}
+    if shown.get("needs_attention"):
+        if shown.get("problem"):
+            reasons.append({"code": "settings_problem", "message": "the settings could not be "
+                            f"read exactly, so every tool is protected: {shown['problem']}"})
+        if shown.get("unmatched_tools") and shown.get("mode") == "protected_tools":
+            names = ", ".join(map(str, shown["unmatched_tools"]))
+            reasons.append({"code": "unmatched_tools", "message": f"{shown.get('mode')} names "
+                            f"{names}, but no tool of this host has that name: it protects "
+                            "nothing (a typo leaves the real tool unprotected). Fix the "
+                            "spelling, then restart the workers"})
+    return reasons
+
+
+def check_view(result: dict) -> dict:
+    """The ``check`` field of a ``status`` document: ``{"exit_code": 0 | 1 |
+    3, "reasons": check_reasons(result)}`` -- 1 when the command failed (the
+    journal cannot be used, or this worker refuses by itself), 3 when it
+    verified but something needs a person, else 0."""
+    reasons = check_reasons(result)
+    exit_code = (CHECK_ERROR if not result.get("ok") else
+                 CHECK_NEEDS_A_PERSON if reasons else CHECK_OK)
+    return {"exit_code": exit_code, "reasons": reasons}
+
+
 def prometheus_text(result: dict, *, now_ns: Optional[int] = None) -> str:
     """``status`` as gauges in the node-exporter textfile format (docs/cli.md
     §status --format prometheus)."""

@@ -75,14 +75,20 @@ def hermes_version() -> str:
 PROFILE = "default"
 
 
-def make_home(root: str) -> str:
-    """The default profile's home of a user whose home directory is ``root``
-    (``ROOT/.hermes``), with crash-recovery copied into its
-    ``plugins/crash-recovery`` and enabled; returns the Hermes home."""
+def make_home(root: str, profile: str = "default", settings: str = "") -> str:
+    """The home of ``profile`` of a user whose home directory is ``root``
+    (``ROOT/.hermes``, or ``ROOT/.hermes/profiles/NAME``), with crash-recovery
+    copied into its ``plugins/crash-recovery`` and enabled, ``settings`` (one
+    YAML line) as its settings; returns the Hermes home."""
     home = os.path.join(root, ".hermes")
+    if profile != "default":
+        os.makedirs(home, exist_ok=True)
+        home = os.path.join(home, "profiles", profile)
     shutil.copytree(REPO, os.path.join(home, "plugins", "crash-recovery"), ignore=_not_installed)
     with open(os.path.join(home, "config.yaml"), "w", encoding="utf-8") as stream:
         stream.write("plugins:\n  enabled:\n    - crash-recovery\n")
+        if settings:
+            stream.write(f"  entries:\n    crash-recovery:\n      settings:\n        {settings}\n")
     return home
 
 
@@ -98,12 +104,16 @@ def data_dir_of(home: str) -> str:
 
 class Dashboard:
     """A real ``hermes dashboard --skip-build --no-open`` on 127.0.0.1 for the
-    default profile at ``home`` (``HOME`` is its parent), on a port the OS
-    picks; :meth:`stop` ends it (and only it)."""
+    profile at ``home`` (``HOME`` is ``user_home``, by default its parent), on
+    a port the OS picks; ``isolated``: its own server, as ``hermes -p NAME
+    dashboard --isolated`` starts for a named profile (without it Hermes
+    routes a named profile to the default profile's dashboard);
+    :meth:`stop` ends it (and only it)."""
 
-    def __init__(self, program: str, home: str, log_path: str):
+    def __init__(self, program: str, home: str, log_path: str, user_home: str = "",
+                 isolated: bool = False):
         self.token = secrets.token_urlsafe(24)
-        env = dict(os.environ, HOME=os.path.dirname(home), HERMES_HOME=home,
+        env = dict(os.environ, HOME=user_home or os.path.dirname(home), HERMES_HOME=home,
                    HERMES_DASHBOARD_SESSION_TOKEN=self.token, NO_COLOR="1", PYTHONUNBUFFERED="1")
         if not has_web_ui():
             # 0.20.1's wheel has no built web UI and `--skip-build` then refuses
@@ -116,7 +126,8 @@ class Dashboard:
         self._log = open(log_path, "w", encoding="utf-8")
         self.server = AnnouncingProcess(
             [program, "dashboard", "--skip-build", "--no-open", "--host", "127.0.0.1",
-             "--port", "0"], "stdout", env=env, log=self._log)
+             "--port", "0", *(["--isolated"] if isolated else [])], "stdout", env=env,
+            log=self._log)
         self.process = self.server.process
         port = self.server.announced("HERMES_DASHBOARD_READY port=")
         if port is None:

@@ -169,6 +169,25 @@ class ArchiveRoundTrip(ReliabilityCase):
         book(guard, "e")
         self.assertEqual(len(all_events(self.data_dir)), 8 + 3)
 
+    def test_a_skipped_automatic_archive_is_info_until_it_keeps_failing(self):
+        with open(os.path.join(self.data_dir, "archive"), "w", encoding="utf-8"):
+            pass  # not a directory: every automatic archive is refused
+        guard = RecoveryGuard(self.data_dir, archive_after_events=2)
+        self.addCleanup(guard.close)
+        with self.assertLogs("crash_recovery", "INFO") as logs:
+            for name in ("x", "y", "z"):
+                book(guard, name)
+        skips = [(record.levelname, record.getMessage()) for record in logs.records
+                 if "automatic archive skipped" in record.getMessage()]
+        self.assertEqual([level for level, _ in skips], ["INFO", "INFO", "WARNING"])
+        self.assertIn("(archive_refused); the next call tries again", skips[0][1])
+        self.assertIn("3 times in a row: run ", skips[2][1])
+        self.assertIn(f"--data-dir {self.data_dir} archive to see why", skips[2][1])
+        os.unlink(os.path.join(self.data_dir, "archive"))
+        with self.assertLogs("crash_recovery", "INFO") as logs:
+            book(guard, "d")  # archived: the count starts again
+        self.assertIn("archived 14 events into archive/", logs.output[-1])
+
 
 def _boom():
     raise RuntimeError("gateway")

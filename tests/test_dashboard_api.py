@@ -28,6 +28,7 @@ import unittest
 import uuid
 
 from support import JournalTestCase, reference, run_cli
+from crash_recovery.host.dashboard import PAGE_HINTS
 from dashboard_support import (PROFILE, REQUIRE_HOST, Dashboard, HeldCall, command_prefix,
                                dashboard_program, data_dir_of, hermes_version, make_home,
                                run_worker)
@@ -161,9 +162,13 @@ class DashboardApiTests(JournalTestCase):
         self.assertIn('PLUGINS.register(NAME, Page)', script)
 
     def test_status_is_the_cli_document_with_the_profile_and_settings(self):
-        status, document, _ = self.api("GET", "/status")
-        self.assertEqual((status, document["error"]["code"], document["gate"]),
-                         (409, "journal_absent", "open"))
+        status, document, _ = self.api("GET", "/status")  # no protected call yet: healthy
+        self.assertEqual((status, document["ok"], document["journal"], document["gate"],
+                          document["check"]), (200, True, "absent", "open",
+                                               {"exit_code": 0, "reasons": []}))
+        self.assertEqual(self.api("GET", "/archives")[:2],
+                         (200, {"ok": True, "integrity": "ok", "data_dir": self.data_dir,
+                                "archives": []}))
         operation_id = self.pending_operation()
         status, document, _ = self.api("GET", "/status")
         self.assertEqual(status, 200)
@@ -292,10 +297,12 @@ class DashboardApiTests(JournalTestCase):
             refused = self.assertRefusedWithoutChange(
                 "POST", resolve, {"outcome": "completed", "evidence": EVIDENCE}, 409,
                 "owner_running")
-            self.assertEqual(refused["error"]["hint"], self.cli("resolve", held.operation_id,
-                                                                "--outcome", "completed",
-                                                                "--evidence", EVIDENCE)
-                             ["error"]["hint"])
+            cli = self.cli("resolve", held.operation_id, "--outcome", "completed",
+                           "--evidence", EVIDENCE)["error"]
+            # The CLI's message; the page's own words beside its checkbox, not --force.
+            self.assertEqual(refused["error"]["message"], cli["message"])
+            self.assertIn("--force", cli["hint"])
+            self.assertEqual(refused["error"]["hint"], PAGE_HINTS["owner_running"])
             status, document, _ = self.api("POST", resolve, {
                 "outcome": "completed", "force": True,
                 "evidence": "worker hung on a dead connection; PNR ABC123 in the portal"})
@@ -335,8 +342,10 @@ class DashboardApiTests(JournalTestCase):
             "POST", f"/operations/{operation_id}/resolve",
             {"outcome": "completed", "evidence": "seen on the page a minute ago"}, 409,
             "operation_not_open", "ok")
-        self.assertEqual(document["error"]["hint"], self.cli(
-            "resolve", operation_id, "--outcome", "completed", "--evidence", "x")["error"]["hint"])
+        cli = self.cli("resolve", operation_id, "--outcome", "completed", "--evidence",
+                       "x")["error"]
+        self.assertEqual(document["error"]["message"], cli["message"])
+        self.assertEqual(document["error"]["hint"], PAGE_HINTS["operation_not_open"])
         self.assertEqual(len(self.operator_log()), 1)
         self.assertVerifies()
 

@@ -97,6 +97,14 @@ class OperatorInTheBrowser(JournalTestCase):
     def test_an_operator_settles_every_stuck_call_from_the_page(self):
         self.open_dashboard(make_home(self.root))
         page = self.browser
+        # 0. No protected call yet: healthy, and nothing on the page says otherwise.
+        self.open_tab()
+        page.wait_for(gate_is("open"), "gate open on a fresh profile")
+        self.assertIn("no journal yet", page.text_of("cr-integrity"))
+        self.assertFalse(page.evaluate("document.body.innerText.includes('journal_absent')"))
+        self.assertEqual(page.evaluate("document.querySelector('[data-testid=cr-gate]')"
+                                       ".dataset.needsPerson"), "false")
+        self.shot("fresh-profile")
         # 1. A payment whose service answered with an error: uncertain.
         run_worker("error", self.data_dir, "send_payment", "call-payment")
         (uncertain,) = run_cli(self.data_dir, "status")[1]["unresolved"]
@@ -134,29 +142,50 @@ class OperatorInTheBrowser(JournalTestCase):
         page.wait_for(gone("cr-banner"), "no banner once all is settled")
         self.shot("settled-gate-open")
 
-        # 3. A booking still running: refused while its owner runs, forced with a reason.
+        # 3. A booking still running: nothing to settle; only force is offered,
+        # the form says why, and it records nothing until force is ticked.
         held = HeldCall(self.data_dir, "book_trip", "call-trip")
         try:
             page.wait_for(gate_is("busy"), "gate busy")
             self.assertEqual(page.text_of(f"cr-op-owner-{held.operation_id}"),
                              f"running (pid {held.process.pid})")
+            self.assertIn("nothing to settle while it runs",
+                          page.text_of(f"cr-op-running-{held.operation_id}"))
+            self.assertEqual(page.text_of(f"cr-settle-open-{held.operation_id}"),
+                             "Force a resolution...")
             page.click(f"cr-settle-open-{held.operation_id}")
             page.click(f"cr-outcome-completed-{held.operation_id}")
             page.type_into(f"cr-evidence-{held.operation_id}",
                            "PNR ABC123 in the airline portal; the worker hangs on a dead socket")
-            page.click(f"cr-submit-{held.operation_id}")
-            page.wait_for(f"document.querySelector('[data-testid=\"cr-answer-"
-                          f"{held.operation_id}\"]')?.dataset.code === 'owner_running'",
-                          "owner_running")
-            self.shot("owner-running-refused")
+            submit = f"document.querySelector('[data-testid=\"cr-submit-{held.operation_id}\"]')"
+            self.assertTrue(page.evaluate(submit + ".disabled"))
+            self.assertIn("tick force first", page.evaluate(submit + ".textContent"))
+            self.assertIn("can only be resolved by force",
+                          page.text_of(f"cr-force-needed-{held.operation_id}"))
+            self.shot("running-call-needs-force")
             page.click(f"cr-force-{held.operation_id}")
             page.click(f"cr-submit-{held.operation_id}")
             page.wait_for(f"document.querySelector('[data-testid=\"cr-answer-"
                           f"{held.operation_id}\"]')?.dataset.ok === 'true'", "forced")
+            # The forced call still runs: the page says so, not only the JSON.
+            page.click("cr-refresh")
+            page.wait_for(shown("cr-resolved-running"), "the call resolved while it runs")
+            self.assertIn(f"operation {held.operation_id}, pid {held.process.pid}",
+                          page.text_of("cr-resolved-running"))
+            self.shot("resolved-call-still-runs")
         finally:
             held.finish()
-        # 4. Its tool ended after all: a late outcome to acknowledge.
+        # 4. Its tool ended after all: a late outcome to acknowledge, as loud as
+        # a closed gate: the box, the reasons and the banner on every page.
         page.wait_for(shown(f"cr-late-{held.operation_id}"), "the late outcome")
+        page.wait_for("document.querySelector('[data-testid=cr-gate]')?.dataset.needsPerson "
+                      "=== 'true'", "the gate box needs a person")
+        self.assertEqual(page.evaluate("document.querySelector('[data-testid=cr-gate]')"
+                                       ".dataset.gate"), "open")
+        self.assertIn(f"late_outcome: operation {held.operation_id}",
+                      page.text_of("cr-needs-person"))
+        page.wait_for(shown("cr-banner"), "the banner for a late outcome")
+        self.assertIn("needs a person in profile", page.text_of("cr-banner"))
         self.shot("late-outcome")
         page.type_into(f"cr-ack-evidence-{held.operation_id}",
                        "late result matches the resolution: one booking ABC123")
@@ -213,7 +242,7 @@ class OperatorInTheBrowser(JournalTestCase):
         self.assertIn("restart-journal", page.text_of("cr-integrity"))
         page.wait_for(shown("cr-banner"), "the banner for an untrusted journal")
         self.shot("journal-cannot-be-trusted")
-        self.assertEqual(len(self.shots), 10)
+        self.assertEqual(len(self.shots), 12)
         for path in self.shots:
             self.assertGreater(os.path.getsize(path), 10000, path)
 
@@ -249,6 +278,38 @@ class OperatorInTheBrowser(JournalTestCase):
         self.assertEqual([op["operation_id"] for op in run_cli(self.data_dir, "status")[1]
                           ["unresolved"]], [framed_id])
         self.assertFalse(os.path.exists(os.path.join(self.data_dir, "operator.log")))
+
+    def test_a_named_profile_with_a_typo_in_protected_tools(self):
+        # The tab serves profile `work`; Hermes' own header shows `default`
+        # (its selector starts at the sticky profile). The typo protects
+        # nothing: the page, its banner and the CLI say so.
+        home = make_home(self.root, profile="work",
+                         settings="protected_tools: [send_paymnet]")
+        self.data_dir = data_dir_of(home)
+        self.dashboard = Dashboard(PROGRAM, home, os.path.join(self.root, "dashboard.log"),
+                                   user_home=self.root, isolated=True)
+        self.addCleanup(self.dashboard.stop)
+        self.browser = Browser(CHROMIUM, width=1280, height=1500)
+        self.addCleanup(self.browser.close)
+        page = self.browser
+        self.open_tab()
+        page.wait_for(shown("cr-unmatched-tools"), "the unmatched tool name")
+        self.assertEqual(page.text_of("cr-profile"), "work")
+        self.assertIn("send_paymnet", page.text_of("cr-unmatched-tools"))
+        self.assertIn("unmatched_tools: protected_tools names send_paymnet",
+                      page.text_of("cr-needs-person"))
+        self.assertEqual(page.evaluate("document.querySelector('[data-testid=cr-gate]')"
+                                       ".dataset.needsPerson"), "true")
+        page.wait_for(shown("cr-profile-other"), "Hermes' pages show another profile")
+        self.assertIn("Hermes' own pages here show profile default",
+                      page.text_of("cr-profile-other"))
+        self.assertIn("always serve profile work", page.text_of("cr-profile-other"))
+        page.wait_for(shown("cr-banner"), "the banner for a typo")
+        self.assertIn("needs a person in profile work", page.text_of("cr-banner"))
+        self.shot("typo-in-a-named-profile")
+        code, document, _ = run_cli(self.data_dir, "status", "--check")
+        self.assertEqual((code, document["journal"]), (0, "absent"))  # stand-alone: no record
+        self.assertEqual(len(self.shots), 1)
 
     def test_a_hermes_chat_killed_mid_tool_closes_the_gate_until_settled_on_the_page(self):
         # tests/native_demo.py's scenario: an unmodified `hermes chat` whose

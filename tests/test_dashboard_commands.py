@@ -27,7 +27,8 @@ class DashboardCommandTests(JournalTestCase):
     def setUp(self):
         super().setUp()
         self.commands = DashboardCommands(Journal, data_dir=lambda: self.data_dir,
-                                          settings=lambda: {"protected_tools": ["book_trip"]})
+                                          settings=lambda: {"protected_tools": ["book_trip"]},
+                                          registered_tools=lambda: ["book_trip", "read_file"])
 
     def uncertain_operation(self) -> str:
         guard = RecoveryGuard(self.data_dir)
@@ -37,10 +38,11 @@ class DashboardCommandTests(JournalTestCase):
         guard.close()
         return run_cli(self.data_dir, "status")[1]["unresolved"][0]["operation_id"]
 
-    def test_a_profile_without_a_journal_has_an_open_gate(self):
+    def test_a_profile_without_a_journal_reads_healthy_as_the_cli_says(self):
         document, status = self.commands.status()
-        self.assertEqual((status, document["ok"], document["error"]["code"], document["gate"]),
-                         (409, False, "journal_absent", "open"))
+        self.assertEqual((status, document["ok"], document["integrity"], document["journal"],
+                          document["gate"], document["check"]),
+                         (200, True, "ok", "absent", "open", {"exit_code": 0, "reasons": []}))
         self.assertEqual(document["settings"]["mode"], "protected_tools")
         self.assertFalse(os.path.exists(self.data_dir))
 

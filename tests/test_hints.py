@@ -83,7 +83,7 @@ class Hints(JournalTestCase):
         for text in (parser.format_help(), operator_cli.build_parser().format_help()):
             self.assertNotIn("docs/", text)
             for words in ("resolve OP", "repair-checkpoint", "restart-journal", "acknowledge",
-                          "--evidence-file", "hermes sessions export", "status --check"):
+                          "--evidence-file", "hermes -p PROFILE sessions export", "status --check"):
                 self.assertIn(words, text)
 
 

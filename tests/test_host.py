@@ -220,6 +220,7 @@ class HostChecks(CheckerReport):
     def test_install_pip_entry_point_and_console_script(self) -> None:
         self.assert_checks("install_pip.pip_install_exit_0", "install_pip.entry_point_names_module",
                            "install_pip.console_script_installed", "install_pip.console_script_runs",
+                           "install_pip.console_script_names_itself_in_next",
                            "install_pip.plugin_loaded", "install_pip.plugin_source",
                            "install_pip.status_tool_no_path", "install_pip.guarded_call_journaled")
 

@@ -16,6 +16,7 @@ from support import OPERATOR_CLI, JournalTestCase, run_cli
 from crash_recovery import operator_cli
 from crash_recovery.guard import RecoveryGuard
 from crash_recovery.reports.messages import operation_view
+from crash_recovery.reports.render import render_text
 
 
 class FreshProfile(JournalTestCase):
@@ -61,6 +62,15 @@ class FutureDatedOperation(unittest.TestCase):
                               "/nonexistent", now_ns=60 * 10**9, with_owner=False)
         self.assertEqual(view["age_seconds"], 60.0)
         self.assertNotIn("clock_ahead_seconds", view)
+
+    def test_the_text_status_says_a_start_is_dated_in_the_future(self):
+        ahead = dict(operation_view({"operation_id": "op-ahead", "started_ns": 7_200 * 10**9,
+                                     "state": "uncertain"}, "/nonexistent",
+                                    now_ns=3_600 * 10**9, with_owner=False), owner="gone")
+        text = render_text("status", {"ok": True, "integrity": "ok", "gate": "closed",
+                                      "data_dir": "/d", "unresolved": [ahead]}, ("hermes",))
+        self.assertIn("op-ahead is dated 60 min in the future (the clock of the process that "
+                      "started it was ahead); AGE is its distance from now", text)
 
 
 # README §Monitoring: the cron line, with the stand-alone CLI in place of

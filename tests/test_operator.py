@@ -200,7 +200,7 @@ class CallLockOwnerTest(OperatorTestCase):
                            "--evidence", "payment visible in the bank portal", expect=1)
         self.assertEqual(refused["error"]["code"], "owner_running")
         self.assertIn("still runs", refused["error"]["message"])
-        self.assertIn("--force", refused["error"]["message"])
+        self.assertIn("`resolve --force`", refused["error"]["hint"])  # the CLI's words
         self.assertEqual(refused["error"]["owner"]["pid"], child.pid)
         self.assertEqual(self.snapshot(), before, "a refused resolve changed files")
 

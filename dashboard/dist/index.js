@@ -96,28 +96,46 @@
     return operation.owner || "unknown";
   }
 
-  // open / busy / closed / untrusted, and a sentence saying why.
+  // What needs a person: the reasons of `status --check` (docs/cli.md §status).
+  function reasonsOf(status) {
+    return (status && status.check && status.check.reasons) || [];
+  }
+
+  // open / busy / closed / untrusted, a sentence saying why, and whether a
+  // person is needed (then the page is as loud as for a closed gate).
   function gateOf(status) {
-    if (!status) return { state: "loading", why: "reading the journal..." };
+    if (!status) return { state: "loading", why: "reading the journal...", loud: false };
     if (!status.ok) {
       const error = status.error || {};
-      if (error.code === "journal_absent")
-        return { state: "open", why: "no journal yet: no protected call has run in this profile; the first one creates it" };
       if (status.integrity && status.integrity !== "ok")
-        return { state: "untrusted", why: "the journal cannot be trusted (" + status.integrity + "): " + (error.message || "") };
-      return { state: "closed", why: (error.code || "error") + ": " + (error.message || "") };
+        return { state: "untrusted", loud: true, why: "the journal cannot be trusted (" + status.integrity + "): " + (error.message || "") };
+      return { state: "closed", loud: true, why: (error.code || "error") + ": " + (error.message || "") };
     }
+    const needed = reasonsOf(status).length > 0;
     const waiting = (status.unresolved || []).filter(function (op) {
       return !(op.state === "pending" && op.owner === "running"); });
     if (status.gate === "closed")
-      return { state: "closed", why: waiting.length + " protected call(s) with an unknown outcome block every protected tool in this profile until a person settles them" };
+      return { state: "closed", loud: true, why: waiting.length ? waiting.length + " protected call(s) with an unknown outcome block every protected tool in this profile until a person settles them" : "every protected call is refused" };
+    const forcedRunning = (status.resolved_running || []).length;
+    const alsoNeeded = (forcedRunning ? "; a call resolved with force still runs (below)" : "") +
+      (needed ? "; but something needs a person (below)" : "");
     if (status.gate === "busy")
-      return { state: "busy", why: "a protected call is running now; other protected calls are refused until it ends" };
-    return { state: "open", why: "nothing unresolved; the journal verified (" + ((status.checkpoint || {}).count || 0) + " events)" };
+      return { state: "busy", loud: needed, forcedRunning: forcedRunning, why: "a protected call is running now; other protected calls are refused until it ends" + alsoNeeded };
+    if (status.journal === "absent")
+      return { state: "open", loud: needed, why: "no protected call has run in this profile yet (the first one creates the journal)" + alsoNeeded };
+    return { state: "open", loud: needed, forcedRunning: forcedRunning, why: (needed ? "protected calls may run" : "nothing unresolved") + "; the journal verified (" + ((status.checkpoint || {}).count || 0) + " events)" + alsoNeeded };
   }
 
   const GATE_COLOURS = { open: "#2e7d32", busy: "#b26a00", closed: "#c62828", untrusted: "#8e0000", loading: "#666" };
   const GATE_WORDS = { open: "OPEN", busy: "BUSY", closed: "CLOSED", untrusted: "CANNOT BE TRUSTED", loading: "..." };
+  const LOUD = "#c62828";  // a person is needed: as loud as a closed gate
+
+  // A person is needed: red (dark red for an untrusted journal); a call
+  // resolved with force still running: the colour of a busy gate.
+  function gateColour(gate) {
+    if (gate.loud) return gate.state === "untrusted" ? GATE_COLOURS.untrusted : LOUD;
+    return gate.forcedRunning ? GATE_COLOURS.busy : GATE_COLOURS[gate.state];
+  }
 
   // ------------------------------------------------------------- pieces --
 
@@ -175,7 +193,11 @@
       props.onDone();
     }, [op.operation_id, outcome, evidence, force]);
     const id = op.operation_id;
+    const running = op.owner === "running";
     return h("div", { "data-testid": "cr-settle-" + id, style: { padding: 8, borderLeft: "3px solid #c62828", margin: "6px 0" } },
+      running ? h("div", { "data-testid": "cr-force-needed-" + id, style: { marginBottom: 6, fontWeight: "bold" } },
+        "This call is still running (pid " + op.owner_pid + "): it records its own outcome when it ends, so it can only be resolved by force. ",
+        "Do that only if its worker hangs and cannot be stopped; protected calls then run again while it still may act.") : null,
       h("div", { style: { marginBottom: 6 } },
         "Stop every worker of this profile, check the real service for this call (tool ",
         h("code", null, op.tool), ", session ", h("code", null, String(op.session_id)), ", tool call ",
@@ -191,12 +213,12 @@
         " not_applied (it did not; nothing is retried)"),
       h("textarea", { "data-testid": "cr-evidence-" + id, placeholder: "evidence: what you checked in the real service (receipt, ledger row, log line)",
                       value: evidence, onChange: function (event) { setEvidence(event.target.value); }, style: fieldStyle }),
-      op.owner === "running" ? h("label", { style: { display: "block", margin: "4px 0" } },
+      running ? h("label", { style: { display: "block", margin: "4px 0" } },
         h("input", { type: "checkbox", "data-testid": "cr-force-" + id, checked: force,
                      onChange: function (event) { setForce(event.target.checked); } }),
         " force: its worker still runs (pid " + op.owner_pid + "); settle anyway only if it can no longer act, and say why in the evidence") : null,
-      h(Btn, { "data-testid": "cr-submit-" + id, disabled: busy || !outcome, onClick: submit },
-        busy ? "settling..." : "Record the outcome"),
+      h(Btn, { "data-testid": "cr-submit-" + id, disabled: busy || !outcome || (running && !force), onClick: submit },
+        busy ? "settling..." : running && !force ? "Record the outcome (tick force first)" : "Record the outcome"),
       h(Answer, { answer: answer, testid: "cr-answer-" + id, success: "settled: " + (answer && answer.outcome) + (answer && answer.forced ? " (forced)" : "") }));
   }
 
@@ -246,6 +268,8 @@
         }))));
   }
 
+  function runningNow(op) { return op.state === "pending" && op.owner === "running"; }
+
   function Operations(props) {
     const status = props.status;
     const [open, setOpen] = useState(null);
@@ -256,12 +280,15 @@
       return h("div", { key: id, "data-testid": "cr-op-" + id, "data-state": op.state, "data-owner": op.owner || "",
                         style: { borderTop: "1px solid #8883", padding: "8px 0" } },
         h("div", null, h("strong", null, op.tool), " - ", h("span", { "data-testid": "cr-op-state-" + id }, op.state),
-          op.reason ? " (" + op.reason + ")" : "", ", started ", op.started_at, " UTC, ", describeAge(op.age_seconds), " ago, owner ",
+          op.reason ? " (" + op.reason + ")" : "", ", started ", op.started_at, " UTC, ", describeAge(op.age_seconds),
+          op.clock_ahead_seconds ? " in the future (its process's clock was ahead)" : " ago", ", owner ",
           h("span", { "data-testid": "cr-op-owner-" + id }, ownerText(op))),
         h("div", { style: mono }, "operation ", id, " | session ", String(op.session_id), " | tool call ", String(op.tool_call_id)),
+        runningNow(op) ? h("div", { "data-testid": "cr-op-running-" + id, style: { marginTop: 4 } },
+          "Running now: nothing to settle while it runs (other protected calls wait for it). It can only be forced, if its worker hangs.") : null,
         h("div", { style: { marginTop: 4, display: "flex", gap: 8 } },
           h(Btn, { "data-testid": "cr-settle-open-" + id, onClick: function () { setOpen(open === id ? null : id); } },
-            open === id ? "Close" : "Settle..."),
+            open === id ? "Close" : runningNow(op) ? "Force a resolution..." : "Settle..."),
           h(Btn, { "data-testid": "cr-history-open-" + id, onClick: function () { props.onHistory(id); } }, "History")),
         open === id ? h(SettleForm, { operation: op, onDone: props.onChanged }) : null);
     }));
@@ -280,17 +307,56 @@
     }));
   }
 
+  // Every reason `status --check` gives, in its words.
+  function NeedsPerson(props) {
+    const reasons = reasonsOf(props.status);
+    if (!reasons.length || !props.status.ok) return null;
+    return h("ul", { "data-testid": "cr-needs-person", role: "alert", style: { color: LOUD, margin: "6px 0", paddingLeft: 18 } },
+      reasons.map(function (reason, index) {
+        return h("li", { key: index, "data-code": reason.code }, h("strong", null, reason.code), ": ", reason.message);
+      }));
+  }
+
+  // Calls resolved with force whose worker still runs: their late outcome may arrive.
+  function ResolvedRunning(props) {
+    const running = (props.status && props.status.resolved_running) || [];
+    if (!running.length) return null;
+    return h("div", { "data-testid": "cr-resolved-running", style: { marginTop: 6, color: GATE_COLOURS.busy } },
+      h("strong", null, running.length + " call(s) resolved with force still run"),
+      ": each may yet record a late outcome, and archiving waits for them. Stop the worker when it can no longer act.",
+      h("ul", { style: { margin: "4px 0", paddingLeft: 18 } }, running.map(function (entry) {
+        return h("li", { key: entry.operation_id, style: mono }, "operation " + entry.operation_id + ", pid " + entry.pid);
+      })));
+  }
+
+  // The workers of this profile the status knows to be alive, and how.
+  const KNOWN_AS = { running_call: "its protected call is running", resolved_call: "it still runs a call resolved with force",
+                     owner: "it holds an open operation", recorded_first_call: "the last worker to start here" };
+  function WorkersRunning(props) {
+    const known = (props.status && props.status.workers_running) || [];
+    if (!known.length) return null;
+    return h("div", { "data-testid": "cr-workers-running", style: { marginTop: 6, opacity: 0.85 } },
+      "Workers of this profile known to run (stop them before any repair): ",
+      known.map(function (entry) { return "pid " + entry.pid + " (" + (KNOWN_AS[entry.known_as] || entry.known_as) + ")"; }).join("; "));
+  }
+
   function Settings(props) {
     const settings = props.status && props.status.settings;
     if (!settings) return h("div", null, "-");
     const rest = Object.keys(settings).filter(function (key) { return key !== "problem"; });
     const reaching = settings.agent_reaches_journal || [];
+    const unmatched = settings.unmatched_tools || [];
     return h("div", { "data-testid": "cr-settings" },
       settings.problem ? h("div", { "data-testid": "cr-settings-problem", role: "alert", style: { color: GATE_COLOURS.closed } },
         "SETTINGS PROBLEM (every tool is protected until fixed): ", settings.problem) : null,
       reaching.length ? h("div", { "data-testid": "cr-agent-reaches-journal", role: "alert", style: { color: GATE_COLOURS.closed } },
         "THE AGENT CAN REACH THE JOURNAL: while the gate is closed it may still run ", reaching.join(", "),
         ", which may change the journal's files and the plugin's settings (allowed_while_closed or read_only_tools)") : null,
+      unmatched.length ? h("div", { "data-testid": "cr-unmatched-tools", role: "alert", style: { color: settings.mode === "protected_tools" ? GATE_COLOURS.closed : "inherit" } },
+        "No tool of this host has the name ", unmatched.join(", "), settings.mode === "protected_tools" ?
+          ": it protects nothing, and the real tool runs unrecorded. Fix the spelling in protected_tools, then restart the workers." :
+          ": listing it changes nothing.") : null,
+      settings.recorded_at ? h("div", { style: { opacity: 0.75 } }, "as a worker (pid " + settings.recorded_by_pid + ") read them at " + settings.recorded_at) : null,
       h("table", null, h("tbody", null, rest.map(function (key) {
         return h("tr", { key: key }, h("td", { style: cell }, key),
           h("td", { style: Object.assign({}, cell, mono) }, JSON.stringify(settings[key])));
@@ -304,7 +370,8 @@
     const checkpoint = status && status.checkpoint;
     const error = status && !status.ok ? status.error || {} : null;
     return h("div", { "data-testid": "cr-integrity", "data-integrity": (status && status.integrity) || "" },
-      h("div", null, "Verdict: ", h("strong", null, (status && status.integrity) || "-")),
+      h("div", null, "Verdict: ", h("strong", null, (status && status.integrity) || "-"),
+        status && status.journal === "absent" ? " (no journal yet: the profile's first protected call creates it)" : null),
       error ? h("div", { style: { color: GATE_COLOURS.closed } }, error.message,
         error.hint ? h("div", null, "Next step: ", error.hint) : null,
         error.next ? h("div", { style: mono }, "Next command: ", error.next) : null) : null,
@@ -358,6 +425,24 @@
     return [document];
   }
 
+  // The profile Hermes' own pages show: the header's selector writes it into
+  // the address (?profile=); before it does, the dashboard's sticky profile.
+  function useHermesProfile() {
+    const [sticky, setSticky] = useState(null);
+    useEffect(function () {
+      let live = true;
+      const headers = {};
+      const token = window.__HERMES_SESSION_TOKEN__;
+      if (token) headers["X-Hermes-Session-Token"] = token;
+      fetch(BASE + "/api/profiles/active", { headers, credentials: "include" })
+        .then(function (response) { return response.ok ? response.json() : null; })
+        .then(function (found) { if (live && found && found.active) setSticky(found.active); })
+        .catch(function () {});
+      return function () { live = false; };
+    }, []);
+    return new URLSearchParams(window.location.search).get("profile") || sticky;
+  }
+
   function Page() {
     const [status] = usePolled("/status", POLL_MS);
     const [archives, setArchives] = useState(null);
@@ -371,20 +456,33 @@
     };
     const gate = gateOf(status);
     const profile = (status && status.profile) || {};
+    const hermesShows = useHermesProfile();
+    const otherProfile = hermesShows && profile.name && hermesShows !== profile.name ? hermesShows : null;
     return h("div", { "data-testid": "cr-page", style: { display: "flex", flexDirection: "column", gap: 16 } },
       framed() ? h("div", { "data-testid": "cr-framed", role: "alert", style: { color: GATE_COLOURS.closed } },
         FRAMED_ANSWER.error.message) : null,
       h("div", null,
         h("h2", { style: { margin: 0 } }, "Crash recovery: profile ", h("code", { "data-testid": "cr-profile" }, profile.name || "?")),
+        h("div", { "data-testid": "cr-profile-served" }, "This tab serves profile ", h("strong", null, profile.name || "?"),
+          ", the profile this dashboard was started with."),
+        otherProfile ? h("div", { "data-testid": "cr-profile-other", role: "note", style: { color: GATE_COLOURS.busy, fontWeight: "bold" } },
+          "Hermes' own pages here show profile " + otherProfile + " (the profile selector in the header); this tab and its banner always serve profile " +
+          profile.name + ". For profile " + otherProfile + "'s journal, run its dashboard (hermes -p " + otherProfile + " dashboard --isolated) or " +
+          (profile.command || "hermes crash-recovery").replace(/-p \S+ /, "-p " + otherProfile + " ") + " status.") : null,
         profile.name === "custom" ? h("div", { style: mono }, "a Hermes home outside the profiles: run its commands with HERMES_HOME=", profile.home) : null,
         h("div", { style: Object.assign({ opacity: 0.75 }, mono) }, "data directory ", (status && status.data_dir) || "-",
           " | the same commands in a shell: ", profile.command || "hermes crash-recovery"),
         h("div", { style: { opacity: 0.75 } }, "Refreshes every " + POLL_MS / 1000 + " s. Settling here follows the same rules as the CLI and is recorded with your dashboard identity. ",
           h(Btn, { "data-testid": "cr-refresh", onClick: function () { window.dispatchEvent(new Event(CHANGED_EVENT)); } }, "Refresh now"))),
-      h("div", { "data-testid": "cr-gate", "data-gate": gate.state,
-                 style: { border: "2px solid " + GATE_COLOURS[gate.state], padding: 12 } },
-        h("div", { style: { fontSize: "1.4em", color: GATE_COLOURS[gate.state] } }, "Gate ", GATE_WORDS[gate.state]),
+      h("div", { "data-testid": "cr-gate", "data-gate": gate.state, "data-needs-person": gate.loud ? "true" : "false",
+                 style: { border: (gate.loud ? "4px" : "2px") + " solid " + gateColour(gate), padding: 12,
+                          background: gate.loud ? gateColour(gate) + "18" : "transparent" } },
+        h("div", { style: { fontSize: "1.4em", color: gateColour(gate) } }, "Gate ", GATE_WORDS[gate.state],
+          gate.loud && gate.state !== "closed" && gate.state !== "untrusted" ? " - NEEDS A PERSON" : ""),
         h("div", { "data-testid": "cr-gate-why" }, gate.why),
+        h(NeedsPerson, { status: status }),
+        h(ResolvedRunning, { status: status }),
+        h(WorkersRunning, { status: status }),
         status && (status.next || (status.error && status.error.next)) ?
           h("div", { style: mono }, "next command: ", status.next || status.error.next) : null),
       h(Section, { title: "Unresolved operations", testid: "cr-unresolved" },
@@ -398,15 +496,20 @@
       h(Section, { title: "Archives", testid: "cr-archives-section" }, h(Archives, { archives: archives })));
   }
 
-  // A banner on every dashboard page while the gate is closed.
+  // A banner on every dashboard page while a person is needed: the gate is
+  // closed, or anything else `status --check` names (a late outcome, settings).
   function Banner() {
     const [status] = usePolled("/status", BANNER_POLL_MS);
     const gate = gateOf(status);
-    if (gate.state !== "closed" && gate.state !== "untrusted") return null;
+    if (!gate.loud) return null;
     const profile = (status && status.profile && status.profile.name) || "?";
-    return h("div", { "data-testid": "cr-banner", role: "alert",
-                      style: { background: GATE_COLOURS[gate.state], color: "#fff", padding: "6px 16px", zIndex: 30, position: "relative" } },
-      "crash-recovery: protected tools are blocked in profile ", h("strong", null, profile), ": ", gate.why, ". ",
+    const blocked = gate.state === "closed" || gate.state === "untrusted";
+    const reasons = reasonsOf(status);
+    return h("div", { "data-testid": "cr-banner", "data-gate": gate.state, role: "alert",
+                      style: { background: gateColour(gate), color: "#fff", padding: "6px 16px", zIndex: 30, position: "relative" } },
+      blocked ? ["crash-recovery: protected tools are blocked in profile ", h("strong", { key: "p" }, profile), ": ", gate.why, ". "]
+        : ["crash-recovery needs a person in profile ", h("strong", { key: "p" }, profile), ": ",
+           reasons.map(function (reason) { return reason.code; }).join(", "), " (", (reasons[0] || {}).message, "). "],
       h("a", { href: BASE + TAB_PATH, "data-testid": "cr-banner-link", style: { color: "#fff", textDecoration: "underline" } },
         "Open the Crash recovery page"));
   }

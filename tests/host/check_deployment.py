@@ -288,7 +288,8 @@ def scenario_mode_unknown_key(home: Path, checks: CheckList) -> None:
     handler = get_plugin_command_handler(PLUGIN_NAME)
     text = str(handler("") if handler else "")
     checks.check("slash_command_names_settings_problem",
-                 "settings problem" in text and "read_only_tool" in text, text=text)
+                 "! settings_problem: the settings could not be read exactly" in text
+                 and "read_only_tool" in text, text=text)
 
 
 def scenario_default_profile(home: Path, checks: CheckList) -> None:
@@ -488,10 +489,12 @@ class DeploymentRun(CheckerRun, OperatorCommands):
                      and without_volatile(ours.json) == without_volatile(theirs.json),
                      hermes=ours.detail(), operator_cli=theirs.detail())
         shown = hermes("status").json or {}
+        recorded = (self.operator(data_dir, "status").json or {}).get("settings") or {}
         self.add(label, "hermes_status_shows_settings",
                  (shown.get("settings") or {}).get("mode") == "read_only_tools"
-                 and "settings" not in (self.operator(data_dir, "status").json or {}),
-                 settings=shown.get("settings"))
+                 and "recorded_at" not in shown.get("settings", {})
+                 and recorded.get("mode") == "read_only_tools" and recorded.get("recorded_at"),
+                 settings=shown.get("settings"), recorded=recorded)
         ran = hermes("resolve", operation, "--outcome", "completed", "--evidence",
                      RESOLVE_EVIDENCE)
         self.add(label, "hermes_home_resolve",

@@ -288,3 +288,14 @@ class InstallSteps:
                      ran.returncode == 0 and isinstance(document, dict)
                      and document.get("integrity") == "ok" and document.get("unresolved") == [],
                      code=ran.returncode, output=(ran.stdout + ran.stderr)[-2000:])
+            # The commands it prints name the console script, not an interpreter and a path.
+            typo = data_dir_of(home).parent / "crash-recovry"
+            ran = subprocess.run([str(script), "--data-dir", str(typo), "status"],
+                                 env=environment, capture_output=True, text=True, timeout=60)
+            try:
+                printed = (json.loads(ran.stdout).get("error") or {}).get("next") or ""
+            except ValueError:
+                printed = ""
+            self.add(label, "console_script_names_itself_in_next",
+                     printed == f"{script} --data-dir {data_dir_of(home)} status",
+                     printed=printed, output=(ran.stdout + ran.stderr)[-2000:])

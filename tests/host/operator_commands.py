@@ -33,8 +33,9 @@ RESOLVE_EVIDENCE = "checked the booking service: no booking row and no charge fo
 def without_volatile(value: Any, top: bool = True) -> Any:
     """A result with the fields that change between two runs (ages) removed,
     and the documented differences of ``hermes crash-recovery status``: it
-    also shows the profile's settings (the stand-alone CLI cannot read
-    config.yaml), and ``next`` is written as it is run there."""
+    shows the profile's settings as config.yaml holds them (the stand-alone CLI
+    cannot read config.yaml: it shows those the last worker recorded), and
+    ``next`` is written as it is run there."""
     if isinstance(value, dict):
         return {key: without_volatile(item, False) for key, item in value.items()
                 if key not in ("age_seconds", "next") and not (top and key == "settings")}

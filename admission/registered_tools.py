@@ -1,0 +1,164 @@
+"""What a worker found at its first call, kept for the operator surfaces
+(docs/guard.md §Settings, docs/cli.md §status).
+
+A running agent knows the host's whole tool registry (built-in, plugin and MCP
+tools); an operator command or the dashboard knows at most the built-in and
+plugin ones, and the stand-alone CLI neither them nor the profile's settings.
+So at its first call a worker records, in ``registered_tools.json`` in the data
+directory (written atomically: temp file, fsync, replace, directory fsync),
+the host's tool names and the settings it enforces as checked against them.
+Every operator surface then tells the same truth: a ``protected_tools`` name
+that matches no registered tool (a typo protects nothing) needs a person
+everywhere.
+
+The record is evidence of the host, never part of the journal: no hash covers
+it, nothing admits or refuses a call because of it, and an unreadable or
+malformed record reads as "nothing recorded".  Standard library only.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import time
+from typing import Any, Callable, Optional
+
+from ..reports.messages import iso_utc
+from ..storage.durable import (TEMP_SUFFIX, make_durable_directories, process_alive,
+                               read_regular_file, remove_files_of_dead_processes,
+                               write_atomically)
+from ..storage.errors import JournalError
+from ..storage.owner import process_start_time
+from ..storage.record import canonical_text
+from .settings import Settings, settings_view, tool_names_view, with_attention
+
+logger = logging.getLogger(__name__.rsplit(".", 2)[0] + ".guard")
+
+RECORD_NAME = "registered_tools.json"
+# A host registers a few hundred tools; anything larger is not our record.
+MAX_RECORD_BYTES = 1 << 20
+MAX_NAMES = 10000
+MAX_NAME_CHARS = 256
+# The temporary file of a write (storage/durable.py temp_path_for) whose writer died.
+_LEFTOVER_TEMP = re.compile(re.escape(RECORD_NAME) + r"\.(\d+)-[0-9a-f]+" + re.escape(TEMP_SUFFIX))
+
+
+def record_first_call(data_dir: Any, registered: Optional[Callable[[], Any]],
+                      settings: Settings) -> None:
+    """Write ``registered_tools.json``: ``{"tool_names": [...] (sorted),
+    "settings": the settings view as this worker enforces them (with
+    ``unmatched_tools`` and ``needs_attention``), "recorded_at" (ISO UTC),
+    "recorded_ns", "pid", "process_start"}``.  ``data_dir``: the data directory or a callable
+    giving it; ``registered()``: the host's tool names.  Nothing is written
+    when the names are unknown (outside Hermes).  Creates the data directory
+    when needed (a profile whose first protected call has not come yet).
+    Never raises: a failure is logged at DEBUG, and the surfaces then read
+    the registry themselves or say it is unknown."""
+    try:
+        names = registered() if registered is not None else None
+        names = sorted({name for name in names or () if isinstance(name, str)
+                        and 0 < len(name) <= MAX_NAME_CHARS})[:MAX_NAMES]
+        if not names:
+            return
+        directory = str(data_dir() if callable(data_dir) else data_dir)
+        view = with_attention({**settings.to_json(),
+                               **tool_names_view(settings, lambda: names)})
+        now_ns = time.time_ns()
+        content = canonical_text({"tool_names": names, "settings": view,
+                                  "recorded_at": iso_utc(now_ns), "recorded_ns": now_ns,
+                                  "pid": os.getpid(),
+                                  "process_start": process_start_time()}) + "\n"
+        make_durable_directories(directory)
+        remove_files_of_dead_processes(directory, _LEFTOVER_TEMP)  # a crash mid-write
+        write_atomically(os.path.join(directory, RECORD_NAME), content.encode("utf-8"))
+    except (Exception, JournalError):  # evidence for people: never in a call's way
+        logger.debug("crash-recovery: the registered tools were not recorded", exc_info=True)
+
+
+def read_record(data_dir: str) -> Optional[dict]:
+    """The last worker's record (:func:`record_first_call`), or None when
+    there is none or it is unreadable or malformed.  ``tool_names`` comes
+    back as a list of text, ``settings`` as a dict or None."""
+    try:
+        raw = read_regular_file(os.path.join(data_dir, RECORD_NAME), MAX_RECORD_BYTES)
+        if len(raw) > MAX_RECORD_BYTES:
+            return None
+        record = json.loads(raw.decode("utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not isinstance(record, dict):
+        return None
+    names = record.get("tool_names")
+    if not isinstance(names, list) or not names or not all(
+            isinstance(name, str) for name in names):
+        return None
+    settings = record.get("settings")
+    return {"tool_names": names[:MAX_NAMES],
+            "settings": settings if isinstance(settings, dict) else None,
+            "recorded_at": record.get("recorded_at") if isinstance(
+                record.get("recorded_at"), str) else None,
+            "pid": record.get("pid") if isinstance(record.get("pid"), int) else None,
+            "process_start": record.get("process_start")}
+
+
+def operator_settings_view(settings: Optional[Callable[[], Any]], data_dir: str,
+                           own_names: Optional[Callable[[], Any]] = None) -> Optional[dict]:
+    """``settings`` of an operator surface's ``status`` (docs/cli.md
+    §status): what this process knows joined with what a worker recorded.
+
+    ``settings()``: the profile's raw settings (``hermes crash-recovery``, the
+    dashboard), or None where they cannot be read (the stand-alone CLI);
+    ``own_names()``: the host's tool names as this process can read them (the
+    built-in and plugin tools only).  With settings, the view is
+    :func:`settings.settings_view` against those names plus the recorded
+    ones (MCP tools are judged only when a worker's record covers them),
+    adding ``tool_list_recorded_at``; ``tool_list`` is ``host`` when this
+    process read the registry, ``recorded`` when only a worker's record
+    names the tools.  Without settings, the view the last worker recorded,
+    with ``recorded_at`` and ``recorded_by_pid`` (None when nothing was
+    recorded).  Never raises."""
+    record = read_record(data_dir)
+    if settings is None:
+        if record is None or record["settings"] is None:
+            return None
+        return {**record["settings"], "recorded_at": record["recorded_at"],
+                "recorded_by_pid": record["pid"]}
+    own: list = []
+
+    def names() -> Optional[list]:
+        try:
+            own[:] = [name for name in (own_names() if own_names else None) or ()
+                      if isinstance(name, str)]
+        except Exception:  # the registry could not be read: the record may still know
+            own[:] = []
+        return own + (record["tool_names"] if record else []) or None
+
+    view = settings_view(settings, names, partial=record is None)
+    if view.get("tool_list") == "host" and not own:
+        view["tool_list"] = "recorded"
+    view["tool_list_recorded_at"] = record["recorded_at"] if record else None
+    return view
+
+
+def workers_running(document: dict, data_dir: str) -> list:
+    """The worker processes of this profile that a ``status`` document and
+    the last worker's record show alive: ``[{"pid", "known_as"}]``, each pid
+    once, ``known_as`` one of ``running_call`` (its call is in flight),
+    ``resolved_call`` (a call resolved with force still runs),
+    ``owner`` (it holds an open operation's lock) and ``recorded_first_call``
+    (the last worker to record its first call, still alive).  Only what is
+    known: a worker that never recorded one is not listed."""
+    found: dict = {}
+    candidates = [((document.get("in_flight") or {}).get("pid"), "running_call")]
+    candidates += [(entry.get("pid"), "resolved_call")
+                   for entry in document.get("resolved_running") or []]
+    candidates += [(view.get("owner_pid"), "owner") for view in document.get("unresolved") or []]
+    record = read_record(data_dir)
+    if record is not None and isinstance(record["pid"], int) and process_alive(record["pid"]) \
+            and record["process_start"] in (None, process_start_time(record["pid"])):
+        candidates.append((record["pid"], "recorded_first_call"))  # the same process, not a reused pid
+    for pid, known_as in candidates:
+        if isinstance(pid, int) and pid > 0 and pid not in found:
+            found[pid] = {"pid": pid, "known_as": known_as}
+    return list(found.values())
