@@ -29,7 +29,7 @@ from ..storage.durable import (TEMP_SUFFIX, make_durable_directories, process_al
                                read_regular_file, remove_files_of_dead_processes,
                                write_atomically)
 from ..storage.errors import JournalError
-from ..storage.owner import process_start_time
+from ..storage.call_lock import process_start_time
 from ..storage.record import canonical_text
 from .settings import Settings, settings_view, tool_names_view, with_attention
 
