@@ -44,10 +44,11 @@ from .admission.bridge import PASS as BRIDGE_PASS, REFUSE as BRIDGE_REFUSE, brid
 from .admission.bridge import refusal_explanation as bridge_refusal_explanation
 from .admission.isolation import ISOLATION_PROBLEM, NoDownstream, isolation_explanation
 from .admission.host_refusal import NOT_RUN, NOT_RUN_HOST_REFUSED, host_refused, note_host_refusal
+from .admission import inspection
 from .admission.gate import Gate, Refusal
 from .classify import is_error_response
 from .journal import NO_RESPONSE_HASH, Journal
-from .reports.messages import RECORD_FAILED_ERROR, bounded, command_line
+from .reports.messages import RECORD_FAILED_ERROR, command_line
 from .storage.call_lock import CallLock, held_calls
 from .storage.durable import reach_boundary
 from .storage.errors import AdmissionRefused, EncodingError, JournalError
@@ -59,7 +60,7 @@ logger = plugin_logger(__name__)
 # Automatic archives skipped in a row before the skip is logged as a WARNING.
 ARCHIVE_SKIPS_BEFORE_WARNING = 3
 
-class RecoveryGuard(Gate):
+class RecoveryGuard:
     """Admission, one downstream call, classification, uncertainty (docs/guard.md).
 
     ``data_dir``: a path, or a zero-argument callable returning one, resolved at
@@ -71,19 +72,69 @@ class RecoveryGuard(Gate):
     names (None: unknown); listed names matching none are logged at the first
     call and shown by ``status`` (docs/guard.md §Settings).
     ``command_prefix``: a zero-argument callable returning the words that run
-    the operator commands (:func:`reports.messages.hermes_prefix` inside Hermes);
-    default
-    the stand-alone ``operator_cli.py --data-dir DIR``.
+    the operator commands (:func:`reports.messages.hermes_prefix` inside
+    Hermes); default the stand-alone ``operator_cli.py --data-dir DIR``.
+    ``execution_chain_running(identity) -> bool``: whether the host runs its
+    execution middleware for that call now (host/hermes.py).
     Keyword arguments named like settings (``read_only_tools``,
     ``protected_tools``, ``busy_timeout``, ``full_verification``, ...) override
     ``settings`` (library use).
 
-    Public entry points never raise ``Exception`` before downstream runs.
+    The guard owns the call: its identity, its lock, the admission, the one
+    downstream call and its outcome; :attr:`gate` (:class:`gate.Gate`) owns
+    every decision to refuse and its explanation.  Public entry points never
+    raise ``Exception`` before downstream runs.
     """
 
     journal_class = Journal
-    # Automatic archives skipped in a row by this guard (see _maybe_archive).
-    _archive_skips = 0
+
+    def __init__(self, data_dir: Any, *, settings: Any = None,
+                 command_prefix: Optional[Callable[[], Any]] = None,
+                 registered_tools: Optional[Callable[[], Any]] = None,
+                 execution_chain_running: Optional[Callable[[tuple], bool]] = None,
+                 **library_settings: Any):
+        self.gate = Gate(data_dir, journal_class=self.journal_class, settings=settings,
+                         command_prefix=command_prefix, registered_tools=registered_tools,
+                         execution_chain_running=execution_chain_running, **library_settings)
+        # Automatic archives skipped in a row (see _maybe_archive).
+        self._archive_skips = 0
+
+    # ------------------------------------------------- what the gate holds --
+
+    def settings(self) -> Any:
+        """The parsed settings (:meth:`gate.Gate.settings`)."""
+        return self.gate.settings()
+
+    def is_protected(self, tool_name: Any) -> bool:
+        """Whether calls of ``tool_name`` are journaled (never raises)."""
+        return self.gate.is_protected(tool_name)
+
+    def journal(self) -> Journal:
+        """The journal, opened at first use (raises :class:`JournalError`)."""
+        return self.gate.journal()
+
+    @property
+    def poisoned(self) -> Optional[str]:
+        """Why this guard refuses every protected call, or None."""
+        return self.gate.poisoned
+
+    @poisoned.setter
+    def poisoned(self, reason: Optional[str]) -> None:
+        self.gate.poisoned = reason
+
+    @property
+    def isolation_problem(self) -> Optional[str]:
+        """Set when the host passed no callable ``next_call`` (docs/guard.md
+        §Isolation mode)."""
+        return self.gate.isolation_problem
+
+    @isolation_problem.setter
+    def isolation_problem(self, problem: Optional[str]) -> None:
+        self.gate.isolation_problem = problem
+
+    def close(self) -> None:
+        """Close the journal connection (idempotent); the next call reopens it."""
+        self.gate.close()
 
     # ------------------------------------------------------------ identity --
 
@@ -133,24 +184,21 @@ class RecoveryGuard(Gate):
         try:
             verdict = self._bridge_verdict(tool_name, args)
             if verdict == BRIDGE_PASS or (verdict is None and not self.is_protected(tool_name)):
-                refused = self.refusal_while_closed(tool_name, args)  # issue 25: gate closed
+                refused = self.gate.refusal_while_closed(tool_name, args)  # the gate is closed
                 return None if refused is None else {"action": "block", "message": refused}
             if verdict == BRIDGE_REFUSE:
                 raise Refusal("bridge_call_unresolved", bridge_refusal_explanation(args))
             identity, _ = self._identity(tool_name, args, session_id, tool_call_id)
-            if self.poisoned:
-                raise Refusal("guard_poisoned", self.poisoned)
-            self.refuse_unwrapped(identity)  # issue 25: our middleware did not wrap it
-            journal = self._open()
-            self._check_gate(journal, identity)
+            self.gate.refuse_unwrapped(identity)  # our middleware did not wrap this call
+            self.gate.check(identity)
             return None
         except Refusal as refusal:
-            return {"action": "block", "message": self._blocked(refusal)}
+            return {"action": "block", "message": self.gate.blocked(refusal)}
         except JournalError as exc:
-            return {"action": "block", "message": self._blocked(self._refusal_from(exc))}
+            return {"action": "block", "message": self.gate.blocked(self.gate.refusal_for(exc))}
         except Exception as exc:  # fail closed on our own bugs too
             logger.exception("crash-recovery: pre_tool_call failed")
-            return {"action": "block", "message": self._blocked(Refusal(
+            return {"action": "block", "message": self.gate.blocked(Refusal(
                 "internal_error", f"The crash-recovery guard failed ({type(exc).__name__}); "
                 "nothing was run. Do not retry; tell the user an operator must check it."))}
 
@@ -177,15 +225,15 @@ class RecoveryGuard(Gate):
         verdict = self._bridge_verdict(tool_name, args)
         unprotected = verdict == BRIDGE_PASS or (verdict is None
                                                  and not self.is_protected(tool_name))
-        if unprotected:  # issue 25: while the gate is closed only read-only tools run
-            refused = self.refusal_while_closed(tool_name, args)
+        if unprotected:  # while the gate is closed only read-only tools run
+            refused = self.gate.refusal_while_closed(tool_name, args)
             if refused is not None:
                 return refused
         if not callable(next_call):  # e.g. Hermes' plugins.isolation: host
             self.isolation_problem = ISOLATION_PROBLEM
             if unprotected:
                 raise NoDownstream()  # the host then skips this middleware: the tool runs
-            return self._blocked(Refusal("isolation_unsupported",
+            return self.gate.blocked(Refusal("isolation_unsupported",
                                          isolation_explanation(str(tool_name))))
         if unprotected:
             return next_call()
@@ -201,13 +249,13 @@ class RecoveryGuard(Gate):
                                f"{binding.operation_id}); protected calls cannot be nested, so "
                                f"{tool_name} was refused and not run.")
         except Refusal as refusal:
-            blocked = self._blocked(refusal)
+            blocked = self.gate.blocked(refusal)
             if binding is not None:
                 binding.inner_refusal = blocked  # the outer call learns that nothing ran
             return blocked
         except Exception as exc:
             logger.exception("crash-recovery: identity check failed")
-            return self._blocked(Refusal("internal_error", f"The crash-recovery guard failed "
+            return self.gate.blocked(Refusal("internal_error", f"The crash-recovery guard failed "
                                           f"({type(exc).__name__}); nothing was run."))
         if binding is not None:
             return next_call()  # re-entry: the host nested this middleware for one call
@@ -219,7 +267,7 @@ class RecoveryGuard(Gate):
         """``archive_after_events``: seal the live segment once it is that long
         and nothing is open or running (never raises)."""
         try:
-            limit, journal = self.settings().archive_after_events, self._journal
+            limit, journal = self.settings().archive_after_events, self.gate.opened_journal
             if not limit or journal is None or self.poisoned:
                 return
             status = journal.status()
@@ -239,7 +287,7 @@ class RecoveryGuard(Gate):
                        "crash-recovery: automatic archive skipped (%s)%s",
                        exc.code if isinstance(exc, JournalError) else type(exc).__name__,
                        f", {self._archive_skips} times in a row: run "
-                       f"{command_line(self._prefix() or (), 'archive')} to see why"
+                       f"{command_line(self.gate.prefix() or (), 'archive')} to see why"
                        if keeps_failing else "; the next call tries again")
 
     def _run_protected(self, identity: tuple, call_fingerprint: str, next_call: Callable) -> Any:
@@ -254,10 +302,10 @@ class RecoveryGuard(Gate):
             try:
                 journal, operation_id, call_lock = self._admit(identity, call_fingerprint)
             except Refusal as refusal:
-                return self._blocked(refusal)
+                return self.gate.blocked(refusal)
             except Exception as exc:
                 logger.exception("crash-recovery: admission failed")
-                return self._blocked(Refusal(
+                return self.gate.blocked(Refusal(
                     "internal_error", f"The crash-recovery guard failed ({type(exc).__name__}). "
                     "The call was NOT run; if the journal shows it as pending, its start was "
                     "recorded before the failure: settle it as not_applied."))
@@ -279,16 +327,10 @@ class RecoveryGuard(Gate):
         operation_id, call lock)``.  Raises :class:`Refusal` (then nothing is
         held).  The caller releases the call's lock."""
         tool_name, session_id, tool_call_id, args_hash = identity
-        if self.poisoned:
-            raise Refusal("guard_poisoned", self.poisoned)
-        try:
-            journal = self._open()
-        except JournalError as exc:  # e.g. the data directory cannot be resolved
-            raise self._refusal_from(exc) from None
-        operation_id = str(uuid.uuid4())
         # Checked before any file is touched: a refusal changes no file.
         # admit() below checks again under the writer lock.
-        self._check_gate(journal, identity)
+        journal = self.gate.check(identity)
+        operation_id = str(uuid.uuid4())
         call_lock = CallLock(journal.data_dir, operation_id)
         try:
             call_lock.acquire()
@@ -306,7 +348,7 @@ class RecoveryGuard(Gate):
                 logger.warning("crash-recovery: the started event of operation %s (%s) may or "
                                "may not be durable; the tool was NOT run. If it shows as pending, "
                                "settle it as not_applied", operation_id, tool_name)
-            raise self._refusal_from(exc) from None
+            raise self.gate.refusal_for(exc) from None
         except BaseException:
             call_lock.release()
             raise
@@ -364,20 +406,15 @@ class RecoveryGuard(Gate):
                 logger.warning("crash-recovery: operation %s (%s) returned (%s) after an operator "
                                "had resolved it; the late outcome is recorded and needs an "
                                "operator's acknowledgement (see: %s)", operation_id, tool_name,
-                               reason, command_line(self._prefix() or (), "show",
+                               reason, command_line(self.gate.prefix() or (), "show",
                                                            operation_id))
                 return None
             if uncertain:
-                self._logged[f"unknown:{operation_id}"] = time.monotonic()  # said here already
-                logger.warning("crash-recovery: operation %s (%s) is uncertain (%s): protected "
-                               "calls are refused until a person settles it (see: %s)%s",
-                               operation_id, bounded(tool_name), reason,
-                               command_line(self._prefix() or (), "show", operation_id),
-                               self.mode_hint(tool_name))
+                self.gate.note_unknown(operation_id, tool_name, "uncertain", reason)
             return None
         except Exception as exc:
             code = exc.code if isinstance(exc, JournalError) else type(exc).__name__
-            self.poisoned = (f"Recording the outcome of operation {operation_id} ({tool_name}) "
+            self.gate.poison(f"Recording the outcome of operation {operation_id} ({tool_name}) "
                              f"failed ({code}) after the tool ran. Its outcome is unknown; this "
                              "process refuses all protected calls until it restarts and an "
                              "operator settles the operation.")
@@ -387,3 +424,19 @@ class RecoveryGuard(Gate):
                                "explanation": self.poisoned}, sort_keys=True)
 
     # ----------------------------------------------------- inspection tools --
+
+    def status_report(self) -> dict:
+        """The full status for operator surfaces (:func:`inspection.status_report`)."""
+        return inspection.status_report(self.gate)
+
+    def verify_report(self, checkpoint: Any = None) -> dict:
+        """A full verification (:func:`inspection.verify_report`)."""
+        return inspection.verify_report(self.gate, checkpoint)
+
+    def status_tool(self, args: Any = None, **kwargs: Any) -> str:
+        """Handler of ``crash_recovery_status`` (:func:`inspection.status_tool`)."""
+        return inspection.status_tool(self.gate)
+
+    def verify_tool(self, args: Any = None, **kwargs: Any) -> str:
+        """Handler of ``crash_recovery_verify`` (:func:`inspection.verify_tool`)."""
+        return inspection.verify_tool(self.gate, args)

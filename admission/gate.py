@@ -1,40 +1,38 @@
 """The gate: which calls are protected, and why a call is refused
-(docs/guard.md §Settings, §Concurrency, §Blocked result, §Inspection tools).
+(docs/guard.md §Settings, §Concurrency, §While the gate is closed, §Blocked
+result).
 
-:class:`Gate` is the part of :class:`guard.RecoveryGuard` that decides and
-explains, without running anything: it reads the settings (once, failing
-closed), opens the journal at first use, turns an open
-operation or an integrity verdict into the refusal a model can relay --
-``nested_call`` when the caller is inside the running call, ``operation_in_flight``
-for a sibling, ``unresolved_operations`` when a person must settle an unknown
-outcome -- logs WARNINGs at most once per operation and minute, and answers the
-model's two read-only inspection tools.
+:class:`Gate` decides and explains, and runs nothing: it reads the settings
+(once, failing closed), opens the journal at first use, and turns what one
+verified read shows into the refusal a model can relay -- ``nested_call`` when
+the caller is inside the running call, ``operation_in_flight`` for a sibling,
+``unresolved_operations`` when a person must settle an unknown outcome, the
+journal's verdict when it fails -- logging WARNINGs at most once per operation
+and minute.  :class:`guard.RecoveryGuard` owns the call itself (the call's
+lock, the admission, downstream, the outcome) and asks the gate through its
+public methods only; neither reaches into the other's state.
 """
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
 from typing import Any, Callable, Optional, Sequence, Union
 
-from ..reports.chat import chat_status, chat_verify
 from ..reports.messages import (blocked_result, bounded, command_line, in_flight_explanation,
                                 integrity_explanation, next_command, next_step_of,
                                 standalone_prefix, unresolved_explanation)
-from ..reports.status import (GATE_CLOSED, operation_waits_for_a_person, settled_views,
-                              status_report)
+from ..reports.status import operation_waits_for_a_person, settled_views
 from ..storage.call_lock import OWNER_RUNNING
-from ..storage.errors import AdmissionRefused, JournalError, JournalUnavailable
+from ..storage.errors import JournalError, JournalUnavailable
 from ..storage.log_lines import plugin_logger
 from ..storage.platform_support import platform_problem
-from ..storage.record import DATABASE_NAME
 from .binding import inherited_admission, live_admission, same_call
 from .bridge import runs_while_closed
 from .closed_gate import journal_present, keeps_gate_open, while_closed_text
 from .registered_tools import record_first_call
 from .settings import (KNOWN_KEYS, MODE_PROTECTED_TOOLS, Settings, parse_settings,
-                       tool_names_view, with_attention)
+                       tool_names_view)
 
 # The guard's logger ("crash_recovery.guard", "hermes_plugins.crash_recovery.guard" inside
 # Hermes): every WARNING an operator alerts on comes from one name.
@@ -62,18 +60,20 @@ PathSource = Union[str, Callable[[], Any]]
 
 
 class Gate:
-    """Settings, the journal at first use, refusals and inspection for one
-    profile; the base of :class:`guard.RecoveryGuard` (its docstring lists the
-    constructor's arguments).  Methods here never run a tool and never raise
-    ``Exception`` from a public entry point.
+    """Settings, the journal at first use, and the refusals of one profile.
 
-    ``journal_class`` is the journal it opens (``journal.Journal``, set by
-    the subclass): the admission side sits below the top-level journal and
-    never imports it."""
+    ``data_dir``, ``settings``, ``command_prefix``, ``registered_tools`` and
+    the library settings are :class:`guard.RecoveryGuard`'s (its docstring);
+    ``execution_chain_running(identity) -> bool``: whether the host runs its
+    execution middleware for that call now (host/hermes.py; None outside
+    Hermes); ``journal_class``: the journal to open (``journal.Journal``: the
+    admission side sits below the top-level journal and never imports it).
+    Public methods never run a tool; those that answer a call never raise
+    ``Exception``, the ones that refuse raise :class:`Refusal`.
+    """
 
-    journal_class: Callable[..., Any]
-
-    def __init__(self, data_dir: PathSource, *, settings: Any = None,
+    def __init__(self, data_dir: PathSource, *, journal_class: Callable[..., Any],
+                 settings: Any = None,
                  command_prefix: Optional[Callable[[], Sequence[str]]] = None,
                  registered_tools: Optional[Callable[[], Any]] = None,
                  execution_chain_running: Optional[Callable[[tuple], bool]] = None,
@@ -81,20 +81,18 @@ class Gate:
         unknown = sorted(set(library_settings) - set(KNOWN_KEYS))
         if unknown:
             raise TypeError(f"unknown settings {unknown}; known: {KNOWN_KEYS}")
+        self.journal_class = journal_class
         self._data_dir_source = data_dir
         self._settings_source = settings
         self._library_settings = library_settings
         self._command_prefix_source = command_prefix
-        self._registered_tools = registered_tools
-        # Issue 25 (item 5): whether the host's execution middleware is running
-        # for a call right now (host/hermes.py); None outside Hermes.
+        self.registered_tools = registered_tools
         self._execution_chain_running = execution_chain_running
-        self._first_call_checked = False
-        self._mode_hinted = False
+        self._first_call_checked = self._open_operations_checked = self._mode_hinted = False
         self._settings: Optional[Settings] = None
         self._journal: Any = None  # a journal_class instance, opened at first use
-        self._logged: dict = {}  # what was logged when (see _warn_once)
-        self.poisoned: Optional[str] = None  # why this instance refuses everything
+        self._logged: dict = {}  # what was logged when (see warn_once)
+        self.poisoned: Optional[str] = None  # why this guard refuses everything
         # Set when the host passed no callable next_call (docs/guard.md §Isolation mode).
         self.isolation_problem: Optional[str] = None
         self._lock, self._lock_pid = threading.Lock(), os.getpid()
@@ -106,6 +104,8 @@ class Gate:
         if self._lock_pid != os.getpid():
             self._lock, self._lock_pid = threading.Lock(), os.getpid()
         return self._lock
+
+    # ------------------------------------------------------------ settings --
 
     def settings(self) -> Settings:
         """The parsed settings (read once, at first use; never raises)."""
@@ -137,14 +137,14 @@ class Gate:
         try:
             if not self._first_call_checked:  # at the first call the host's tools are known
                 self._first_call_checked = True
-                self._first_call_warnings()
+                self._first_call_checks()
             return self.settings().is_protected(tool_name)
         except Exception:
             return True
 
     def tool_names_view(self) -> dict:
         """:func:`settings.tool_names_view` against the host's registry now."""
-        return tool_names_view(self.settings(), self._registered_tools)
+        return tool_names_view(self.settings(), self.registered_tools)
 
     def mode_hint(self, tool_name: Any) -> str:
         """Once per process, the way out of the default mode for a coding
@@ -161,69 +161,54 @@ class Gate:
                 "plugins.entries.crash-recovery.settings.protected_tools '[\"send_payment\"]' "
                 "(your tools), then restart Hermes; or add the tool to read_only_tools")
 
-    def _first_call_warnings(self) -> None:
-        """The settings checked against the host and the journal, once; they
-        only ever log (never raise, never change what is protected)."""
-        for warn in (self._warn_unmatched_tools, self._warn_unprotected_open_operations):
-            try:
-                warn()
-            except Exception:  # e.g. no Hermes to resolve the data directory yet
-                logger.debug("crash-recovery: first-call check %s skipped", warn.__name__,
-                             exc_info=True)
-        record_first_call(self._data_dir_source, self._registered_tools, self.settings())
-
-    def _warn_unprotected_open_operations(self) -> None:
-        """An open operation whose tool these settings no longer protect (the
-        mode or the list changed meanwhile): that tool now runs unrecorded, and
-        the model may repeat the very call whose outcome nobody knows."""
-        # Read-only, and only an existing journal: a refusal before the first
-        # protected call must create nothing.
+    def _first_call_checks(self) -> None:
+        """The settings checked against the host, once, and what was found
+        recorded for the operator surfaces; they only ever log."""
         try:
-            source = self._data_dir_source
-            directory = str(source() if callable(source) else source)
-            if not os.path.exists(os.path.join(directory, DATABASE_NAME)):
-                return
-            with self.journal_class(directory, readonly=True, create=False) as journal:
-                operations = journal.unresolved()
-        except JournalError:
-            return  # the gate reports the journal itself
+            settings = self.settings()
+            unmatched = self.tool_names_view()["unmatched_tools"]
+            if unmatched:
+                effect = ("they protect nothing: check the spelling (a typo leaves the real "
+                          "tool unprotected)" if settings.mode == MODE_PROTECTED_TOOLS
+                          else "listing them changes nothing")
+                self.warn_once("unmatched_tools", None, "crash-recovery: %s names tool(s) this "
+                               "host has not registered: %s; %s", settings.mode,
+                               ", ".join(unmatched), effect)
+        except Exception:  # e.g. no host registry to ask
+            logger.debug("crash-recovery: first-call check skipped", exc_info=True)
+        record_first_call(self._data_dir_source, self.registered_tools, self.settings())
+
+    def _check_open_operations(self, operations: Sequence[Any]) -> None:
+        """At the first read: an open operation whose tool these settings no
+        longer protect (the mode or the list changed meanwhile) runs
+        unrecorded now, and the model may repeat the very call whose outcome
+        nobody knows.  Only logs."""
+        if self._open_operations_checked:
+            return
+        self._open_operations_checked = True
         settings = self.settings()
         for operation in operations:
             if not settings.is_protected(operation.tool):
-                self._warn_once(f"unprotected_open:{operation.operation_id}", None,
-                                "crash-recovery: operation %s of tool %s is %s, but the "
-                                "settings (%s) no longer protect %s: calls of it now run "
-                                "unrecorded and could repeat it. Settle it first, or protect "
-                                "the tool again", operation.operation_id, operation.tool,
-                                operation.state, settings.mode, operation.tool)
+                self.warn_once(f"unprotected_open:{operation.operation_id}", None,
+                               "crash-recovery: operation %s of tool %s is %s, but the "
+                               "settings (%s) no longer protect %s: calls of it now run "
+                               "unrecorded and could repeat it. Settle it first, or protect "
+                               "the tool again", operation.operation_id, operation.tool,
+                               operation.state, settings.mode, operation.tool)
 
-    def _warn_unmatched_tools(self) -> None:
-        settings = self.settings()
-        unmatched = self.tool_names_view()["unmatched_tools"]
-        if unmatched:
-            effect = ("they protect nothing: check the spelling (a typo leaves the real tool "
-                      "unprotected)" if settings.mode == MODE_PROTECTED_TOOLS
-                      else "listing them changes nothing")
-            self._warn_once("unmatched_tools", None, "crash-recovery: %s names tool(s) this "
-                            "host has not registered: %s; %s", settings.mode,
-                            ", ".join(unmatched), effect)
+    # ------------------------------------------------------------- journal --
 
-    def _open(self) -> Any:
-        """The journal, opened at first use.  Raises JournalError."""
+    def journal(self) -> Any:
+        """The journal, opened at first use.  Raises :class:`JournalError`
+        (``storage_unavailable`` when the data directory cannot be resolved,
+        ``platform_unsupported``: checked again at the next call)."""
         if self._journal is None:
             settings = self.settings()
             with self._setup_lock:
                 if self._journal is None:
-                    source = self._data_dir_source
-                    try:
-                        directory = str(source() if callable(source) else source)
-                    except Exception as exc:
-                        raise JournalUnavailable(
-                            "storage_unavailable",
-                            f"the data directory could not be resolved ({type(exc).__name__}: "
-                            f"{exc})") from None
+                    directory = self._directory()
                     problem = platform_problem(directory)
-                    if problem is not None:  # checked again at the next call: it may be fixed
+                    if problem is not None:
                         raise JournalUnavailable("platform_unsupported", problem)
                     self._journal = self.journal_class(
                         directory, busy_timeout=settings.busy_timeout,
@@ -231,7 +216,20 @@ class Gate:
                         full_verification_interval=settings.full_verification_interval)
         return self._journal
 
-    def _prefix(self) -> Optional[tuple]:
+    @property
+    def opened_journal(self) -> Any:
+        """The journal if it is open, else None (opens nothing)."""
+        return self._journal
+
+    def _directory(self) -> str:
+        source = self._data_dir_source
+        try:
+            return str(source() if callable(source) else source)
+        except Exception as exc:
+            raise JournalUnavailable("storage_unavailable", f"the data directory could not be "
+                                     f"resolved ({type(exc).__name__}: {exc})") from None
+
+    def prefix(self) -> Optional[tuple]:
         """The words that run the operator commands, or None when unknown."""
         try:
             if self._command_prefix_source is not None:
@@ -241,28 +239,61 @@ class Gate:
         except Exception:
             return None
 
-    def _refusal_from(self, error: JournalError) -> Refusal:
+    def close(self) -> None:
+        """Close the journal connection (idempotent); the next call reopens it."""
+        journal = self._journal
+        if journal is not None:
+            journal.close()
+
+    def poison(self, reason: str) -> None:
+        """From now on this guard refuses every protected call (``guard_poisoned``)."""
+        self.poisoned = reason
+
+    # ------------------------------------------------------------ refusals --
+
+    def check(self, identity: Optional[tuple] = None) -> Any:
+        """One verified read: return the journal when a protected call may be
+        admitted now, else raise :class:`Refusal`.  With ``identity``, the
+        operation this context has admitted for exactly that call is not
+        counted (the hook's binding)."""
+        if self.poisoned:
+            raise Refusal("guard_poisoned", self.poisoned)
+        try:
+            journal = self.journal()
+        except JournalError as exc:
+            raise self.refusal_for(exc) from None
+        read = self._reader(identity)
+        views = settled_views(read(), read, journal.data_dir)
+        if views:  # none left: every call seen open has just finished
+            raise self._open_operations_refusal(views, identity[0] if identity else "this tool")
+        return journal
+
+    def refusal_for(self, error: JournalError) -> Refusal:
+        """The refusal for a journal error: open operations (admission's own
+        ``unresolved_operations``) as :meth:`check` explains them, any other
+        code as the journal's verdict (logged for the operator with its next
+        step)."""
         if error.code == "unresolved_operations":
-            views = settled_views(error.details["operations"], self._open_now(None),
+            views = settled_views(error.details["operations"], self._reader(None),
                                   self._journal.data_dir)
-            return self._open_operations_refusal(views, None)
-        # The detail (files, steps) and the way forward are for the operator's log.
-        prefix = self._prefix()
-        self._warn_once(f"journal:{error.code}", REFUSAL_LOG_INTERVAL_SECONDS,
-                        "crash-recovery: the journal refuses protected calls (%s): %s; next: %s",
-                        error.code, bounded(error.message),
-                        next_command(prefix or (), next_step_of(error.to_json())) or "status")
+            return self._open_operations_refusal(views)
+        prefix = self.prefix()
+        self.warn_once(f"journal:{error.code}", REFUSAL_LOG_INTERVAL_SECONDS,
+                       "crash-recovery: the journal refuses protected calls (%s): %s; next: %s",
+                       error.code, bounded(error.message),
+                       next_command(prefix or (), next_step_of(error.to_json())) or "status")
         return Refusal(error.code, integrity_explanation(error, prefix))
 
-    def _open_now(self, identity: Optional[tuple]) -> Callable[[], tuple]:
+    def _reader(self, identity: Optional[tuple]) -> Callable[[], tuple]:
         """Reads the open operations (verified), leaving out the one this
-        context has admitted for exactly ``identity`` (the hook's binding).
-        The reader raises :class:`Refusal` when the journal fails."""
+        context has admitted for exactly ``identity``; raises :class:`Refusal`
+        when the journal fails."""
         def read() -> tuple:
             try:
                 open_operations = self._journal.unresolved()
             except JournalError as exc:
-                raise self._refusal_from(exc) from None
+                raise self.refusal_for(exc) from None
+            self._check_open_operations(open_operations)
             binding = live_admission()
             if (identity is not None and binding is not None
                     and same_call(binding.identity, identity)):
@@ -271,7 +302,7 @@ class Gate:
             return open_operations
         return read
 
-    def _open_operations_refusal(self, views: Sequence[dict], identity: Optional[tuple],
+    def _open_operations_refusal(self, views: Sequence[dict],
                                  tool_name: str = "this tool") -> Refusal:
         """The refusal for open operations (:func:`settled_views`; none left:
         a call was in flight and has just ended): ``nested_call`` when the
@@ -291,41 +322,30 @@ class Gate:
             # fresh contexts: they wait.
             inside = live_admission() or inherited_admission()
             nested = inside is not None and running[0]["operation_id"] == inside.operation_id
-            code = "nested_call" if nested else "operation_in_flight"
-            return Refusal(code, in_flight_explanation(tool_name, running, nested=nested),
-                            running)
+            return Refusal("nested_call" if nested else "operation_in_flight",
+                           in_flight_explanation(tool_name, running, nested=nested), running)
         unknown = [view for view in views if view not in running]
         for view in unknown:  # e.g. found pending after a restart: once per process
-            if f"unknown:{view['operation_id']}" in self._logged:
-                continue
-            self._warn_once(f"unknown:{view['operation_id']}", None, "crash-recovery: operation "
-                            "%s (%s) is %s: its outcome is unknown, and protected calls are "
-                            "refused until a person settles it (see: %s)%s", view["operation_id"],
-                            bounded(view["tool"]), view["state"],
-                            command_line(self._prefix() or (), "show",
-                                                view["operation_id"]),
-                            self.mode_hint(view["tool"]))
+            self.note_unknown(view["operation_id"], view["tool"], view["state"])
         return Refusal("unresolved_operations",
-                        unresolved_explanation(unknown, self._prefix()), unknown)
+                       unresolved_explanation(unknown, self.prefix()), unknown)
 
-    def _check_gate(self, journal: Any, identity: Optional[tuple] = None) -> None:
-        """Verify the journal; raise :class:`Refusal` if it fails or any
-        operation is open.  With ``identity``, the operation this context has
-        admitted for exactly that call is not counted (the hook's binding)."""
-        read = self._open_now(identity)
-        views = settled_views(read(), read, journal.data_dir)
-        if views:  # none left: every call seen open has just finished
-            raise self._open_operations_refusal(views, identity,
-                                                identity[0] if identity else "this tool")
-
-    # ------------------------------------------ issue 25: while closed --
-    # (docs/guard.md §While the gate is closed; admission/closed_gate.py)
+    def note_unknown(self, operation_id: str, tool: Any, state: str,
+                     reason: Optional[str] = None) -> None:
+        """The WARNING that an operation's outcome is unknown, once per
+        operation and process (``reason``: why, when it became so here)."""
+        self.warn_once(f"unknown:{operation_id}", None, "crash-recovery: operation %s (%s) is "
+                       "%s%s: its outcome is unknown, and protected calls are refused until a "
+                       "person settles it (see: %s)%s", operation_id, bounded(tool), state,
+                       f" ({reason})" if reason else "",
+                       command_line(self.prefix() or (), "show", operation_id),
+                       self.mode_hint(tool))
 
     def refusal_while_closed(self, tool_name: Any, args: Any) -> Optional[str]:
         """For an unprotected call: None when it may run, or the blocked JSON
-        when the gate is closed and the tool is not one that runs then.  One
-        verified read of the journal (none before a journal exists); never
-        raises."""
+        when the gate is closed and the tool is not one that runs then
+        (admission/closed_gate.py).  One verified read of the journal (none
+        before a journal exists); never raises."""
         try:
             settings = self.settings()
             if runs_while_closed(tool_name, args, settings.runs_while_closed):
@@ -338,7 +358,7 @@ class Gate:
                             f"({type(exc).__name__}). Tell the user an operator must check it.")
         if cause is None:
             return None
-        return self._blocked(Refusal(cause.code, while_closed_text(
+        return self.blocked(Refusal(cause.code, while_closed_text(
             str(bounded(str(tool_name))), cause.explanation, settings.while_closed()),
             cause.operations))
 
@@ -349,30 +369,29 @@ class Gate:
             return Refusal("guard_poisoned", self.poisoned)
         if self._journal is None:
             try:
-                source = self._data_dir_source
-                directory: Optional[str] = str(source() if callable(source) else source)
-            except Exception:
+                directory: Optional[str] = self._directory()
+            except JournalError:
                 directory = None  # no data directory yet: nothing can be open
             if not journal_present(directory):
                 return None
         try:
-            journal = self._open()
-            read = self._open_now(None)
+            journal = self.journal()
+            read = self._reader(None)
             waiting = [view for view in settled_views(read(), read, journal.data_dir)
                        if operation_waits_for_a_person(view)]
         except Refusal as refusal:  # the journal failed (the reader says how)
             return None if keeps_gate_open(refusal.code) else refusal
         except JournalError as exc:
-            return None if keeps_gate_open(exc.code) else self._refusal_from(exc)
-        return self._open_operations_refusal(waiting, None) if waiting else None
+            return None if keeps_gate_open(exc.code) else self.refusal_for(exc)
+        return self._open_operations_refusal(waiting) if waiting else None
 
     def refuse_unwrapped(self, identity: tuple) -> None:
-        """Issue 25 (item 5): raise :class:`Refusal` ``middleware_not_run``
-        when the hook sees a protected call that the host's execution
-        middleware is running right now without an admission of ours bound:
-        our middleware did not wrap it (the host read its middleware list
-        before this plugin had registered).  On paths where the hook runs
-        before the middleware (Hermes 0.19, and 0.20+'s
+        """Raise :class:`Refusal` ``middleware_not_run`` when the hook sees a
+        protected call that the host's execution middleware is running right
+        now without an admission of ours bound: our middleware did not wrap
+        it (the host read its middleware list before this plugin had
+        registered; docs/guard.md §The gate on every path).  Where the hook
+        runs before the middleware (Hermes 0.19, and 0.20+'s
         ``model_tools.handle_function_call``) the host is not running that
         chain yet, and the middleware still decides."""
         binding = live_admission()
@@ -390,14 +409,17 @@ class Gate:
                       "they run, had finished loading. Nothing was run. Ask again in a moment; "
                       "do not retry automatically in a loop.")
 
-    def _blocked(self, refusal: Refusal) -> str:
-        self._warn_once(f"refused:{refusal.code}:{','.join(op['operation_id'] for op in refusal.operations)}",
-                        REFUSAL_LOG_INTERVAL_SECONDS, "crash-recovery: refused a protected call "
-                        "(%s): %s", refusal.code, bounded(refusal.explanation))
-        return blocked_result(refusal.code, refusal.explanation, prefix=self._prefix(),
-                                     operations=refusal.operations)
+    def blocked(self, refusal: Refusal) -> str:
+        """The blocked JSON of ``refusal`` (docs/guard.md §Blocked result),
+        logged at most once per code, operations and minute."""
+        self.warn_once(f"refused:{refusal.code}:"
+                       f"{','.join(op['operation_id'] for op in refusal.operations)}",
+                       REFUSAL_LOG_INTERVAL_SECONDS, "crash-recovery: refused a protected call "
+                       "(%s): %s", refusal.code, bounded(refusal.explanation))
+        return blocked_result(refusal.code, refusal.explanation, prefix=self.prefix(),
+                              operations=refusal.operations)
 
-    def _warn_once(self, key: str, interval: Optional[float], message: str, *args: Any) -> None:
+    def warn_once(self, key: str, interval: Optional[float], message: str, *args: Any) -> None:
         """Log a WARNING unless ``key`` was logged less than ``interval`` seconds
         ago (``0``/None: once per process)."""
         now = time.monotonic()
@@ -406,68 +428,3 @@ class Gate:
             return
         self._logged[key] = now
         logger.warning(message, *args)
-
-    def close(self) -> None:
-        """Close the journal connection (idempotent); the next call reopens it."""
-        journal = self._journal
-        if journal is not None:
-            journal.close()
-
-    def status_report(self) -> dict:
-        """``crash_recovery_status`` (docs/guard.md §Inspection tools): verified
-        integrity, the gate, unresolved operations with owner and age, late
-        outcomes needing attention, the settings."""
-        settings = self.settings()
-        try:
-            journal = self._open()
-        except JournalError as exc:
-            return {"ok": False, "integrity": exc.code, "gate": GATE_CLOSED,
-                    "error": exc.to_json(), "unresolved": [],
-                    "settings": with_attention({**settings.to_json(),
-                                                **self.tool_names_view()})}
-        result = status_report(journal, journal.data_dir)
-        result["settings"] = with_attention({**settings.to_json(), **self.tool_names_view()})
-        if self.poisoned:
-            result.update(ok=False, gate=GATE_CLOSED, poisoned=self.poisoned)
-        if self.isolation_problem:
-            result.update(ok=False, gate=GATE_CLOSED, isolation_problem=self.isolation_problem)
-        return result
-
-    def verify_report(self, checkpoint: Any = None) -> dict:
-        """``crash_recovery_verify`` (docs/guard.md §Inspection tools): a full
-        verification, optionally against an external ancestor ``checkpoint``."""
-        try:
-            journal = self._open()
-            journal.status()  # this worker's own gate first (e.g. wal_missing): one verdict
-            # A fresh read-only connection: the worker's own connection may keep
-            # pages cached that were edited on disk behind SQLite's back.
-            with self.journal_class(journal.data_dir, readonly=True) as fresh:
-                status = fresh.verify(checkpoint)
-        except AdmissionRefused as exc:  # a malformed checkpoint; the journal verified
-            return {"ok": False, "integrity": "ok", "error": exc.to_json()}
-        except JournalError as exc:
-            return {"ok": False, "integrity": exc.code, "error": exc.to_json()}
-        return {"ok": True, "integrity": "ok", "checkpoint": status.checkpoint,
-                "unresolved_count": len(status.unresolved),
-                "external_checkpoint": "ancestor" if checkpoint is not None else None}
-
-    def status_tool(self, args: Any = None, **kwargs: Any) -> str:
-        """Handler of ``crash_recovery_status``: JSON text of
-        :func:`reports.chat.chat_status` (what the model may relay; the full
-        report is :meth:`status_report`, for operator surfaces); never raises."""
-        try:
-            return json.dumps(chat_status(self.status_report(), self._prefix()), sort_keys=True,
-                              default=str)
-        except Exception as exc:
-            return json.dumps({"ok": False, "error": {"code": "internal_error",
-                                                      "message": type(exc).__name__}})
-
-    def verify_tool(self, args: Any = None, **kwargs: Any) -> str:
-        """Handler of ``crash_recovery_verify``: ``{}`` or ``{"checkpoint": {...}}``."""
-        try:
-            checkpoint = args.get("checkpoint") if isinstance(args, dict) else None
-            return json.dumps(chat_verify(self.verify_report(checkpoint)), sort_keys=True,
-                              default=str)
-        except Exception as exc:
-            return json.dumps({"ok": False, "error": {"code": "internal_error",
-                                                      "message": type(exc).__name__}})

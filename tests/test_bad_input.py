@@ -237,7 +237,7 @@ class Responses(ReliabilityCase):
                                               tool_call_id=str(index))
                 self.assertIs(result, response)  # returned unchanged, never wrapped
                 self.assertEqual(downstream.calls, 1)
-                journal = guard._journal
+                journal = guard.gate.opened_journal
                 events = journal.events(since=journal.checkpoint()["count"] - 1)
                 kind, reason, result_hash = (events[-1][1]["kind"], events[-1][1]["reason"],
                                              events[-1][1]["result_hash"])
@@ -271,10 +271,10 @@ class OperatorInput(ReliabilityCase):
         super().setUp()
         guard = RecoveryGuard(self.data_dir)
         guard.tool_execution("pay", {}, Counter(), session_id="s", tool_call_id="done")
-        self.closed = guard._journal.events()[0][1]["operation_id"]
+        self.closed = guard.gate.opened_journal.events()[0][1]["operation_id"]
         guard.tool_execution("pay", {}, Counter({"status": "failed"}), session_id="s",
                              tool_call_id="open")
-        self.open = guard._journal.unresolved()[0].operation_id
+        self.open = guard.gate.opened_journal.unresolved()[0].operation_id
         guard.close()
 
     def resolve(self, operation, evidence, *extra):

@@ -225,7 +225,7 @@ class UndecodableErrorResponses(ProtectedCallCase):
         guard = RecoveryGuard(self.data_dir)
         result = self.call(guard, Tool(Raising(a=1)))
         self.assertIsInstance(result, Raising)
-        states = [operation.state for operation in guard._journal.unresolved()]
+        states = [operation.state for operation in guard.gate.opened_journal.unresolved()]
         self.assertEqual(states, ["uncertain"])
         guard.close()
         self.assertVerifies()
@@ -235,8 +235,8 @@ class UndecodableErrorResponses(ProtectedCallCase):
         for index, response in enumerate((self.HUGE_INT, self.DEEP)):
             with self.subTest(index):
                 if index:
-                    operation = guard._journal.unresolved()[0].operation_id
-                    guard._journal.resolve(operation, outcome="not_applied", evidence="checked")
+                    operation = guard.gate.opened_journal.unresolved()[0].operation_id
+                    guard.gate.opened_journal.resolve(operation, outcome="not_applied", evidence="checked")
                 self.assertEqual(self.call(guard, Tool(response), f"call-{index}"), response)
                 again = Tool()
                 self.assertEqual(self.blocked_code(self.call(guard, again, f"retry-{index}")),

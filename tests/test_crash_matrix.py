@@ -101,7 +101,7 @@ class CrashMatrix(JournalTestCase):
             with self.assertRaises(RuntimeError):
                 guard.tool_execution("book_flight", {"request": "u"}, boom,
                                      session_id="s", tool_call_id="u")
-            operation = guard._journal.unresolved()[0].operation_id
+            operation = guard.gate.opened_journal.unresolved()[0].operation_id
         guard.close()
         return operation
 

@@ -189,7 +189,7 @@ class Admission(ReliabilityCase):
         else:
             self.assertIsNone(hook)
         self.assertIsNone(guard.poisoned)
-        if guard._journal is not None:
+        if guard.gate.opened_journal is not None:
             guard.close()
         return guard
 
@@ -251,7 +251,7 @@ class AfterDownstream(ReliabilityCase):
             with self.subTest(step):
                 shutil.rmtree(self.data_dir, ignore_errors=True)
                 guard = RecoveryGuard(self.data_dir, busy_timeout=0.2, full_verification=True)
-                LIVE["journal"] = guard._open()
+                LIVE["journal"] = guard.journal()
                 self.addCleanup(LIVE.update, journal=None)
                 downstream = Counter(injection)
                 try:
@@ -285,7 +285,7 @@ class AfterDownstream(ReliabilityCase):
 
     def test_downstream_raising_and_recording_failing(self):
         guard = RecoveryGuard(self.data_dir)
-        LIVE["journal"] = guard._open()
+        LIVE["journal"] = guard.journal()
         self.addCleanup(LIVE.update, journal=None)
         downstream = Counter(lambda: connect_failing("INSERT INTO events"), raise_=True)
         try:

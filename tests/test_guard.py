@@ -66,7 +66,7 @@ class GuardTestCase(JournalTestCase):
 
     @staticmethod
     def close_guard(guard):
-        if guard._journal is not None:
+        if guard.gate.opened_journal is not None:
             guard.close()
 
     def call(self, tool="book_trip", args=_BOOKING_ARGS, downstream=None, guard=None,
@@ -343,7 +343,7 @@ class ExecutionContractTests(GuardTestCase):
         def fail_recording(*args, **kwargs):
             raise JournalUnavailable("storage_unavailable", "disk went away")
 
-        with mock.patch.object(self.guard._journal, "record_outcome", fail_recording), \
+        with mock.patch.object(self.guard.gate.opened_journal, "record_outcome", fail_recording), \
                 self.assertLogs(guard_module.logger, "ERROR"):
             with self.assertRaises(ValueError) as caught:
                 self.call(downstream=Downstream(error=error), call_id="call-2")
@@ -357,7 +357,7 @@ class ExecutionContractTests(GuardTestCase):
         def broken(*args, **kwargs):
             raise RuntimeError("bug")
 
-        with mock.patch.object(self.guard._journal, "record_outcome", broken), \
+        with mock.patch.object(self.guard.gate.opened_journal, "record_outcome", broken), \
                 self.assertLogs(guard_module.logger, "ERROR"):
             failed = json.loads(self.call(call_id="call-2"))
         self.assertEqual((failed["error"], failed["outcome_unknown"], failed["code"]),
@@ -675,8 +675,8 @@ class FailClosedTests(GuardTestCase):
             stream.write("not a directory")
         for data_dir in (blocker, os.path.join(blocker, "data")):
             with self.subTest(data_dir=data_dir):
-                guard = self.make_guard()
-                guard._data_dir_source = data_dir
+                guard = RecoveryGuard(data_dir, busy_timeout=SHORT_BUSY_TIMEOUT)
+                self.addCleanup(self.close_guard, guard)
                 downstream = Downstream()
                 self.assertBlocked(self.call(guard=guard, downstream=downstream),
                                    "storage_unavailable")
@@ -689,8 +689,8 @@ class FailClosedTests(GuardTestCase):
         def no_home():
             raise KeyError("HERMES_HOME")
 
-        guard = self.make_guard()
-        guard._data_dir_source = no_home
+        guard = RecoveryGuard(no_home, busy_timeout=SHORT_BUSY_TIMEOUT)
+        self.addCleanup(self.close_guard, guard)
         downstream = Downstream()
         self.assertBlocked(self.call(guard=guard, downstream=downstream), "storage_unavailable")
         self.assertHookBlocked(self.hook(guard=guard), "storage_unavailable")
@@ -720,7 +720,7 @@ class FailClosedTests(GuardTestCase):
         for method in ("admit", "unresolved"):
             with self.subTest(method):
                 downstream = Downstream()
-                with mock.patch.object(type(self.guard._journal), method,
+                with mock.patch.object(type(self.guard.gate.opened_journal), method,
                                        side_effect=RuntimeError("bug")), \
                         self.assertLogs(guard_module.logger, "ERROR"):
                     result = self.call(downstream=downstream, call_id="call-2")
@@ -862,7 +862,7 @@ class CopiedContextBindingTests(GuardTestCase):
                            "unresolved_operations")
         self.assertHookBlocked(captured["context"].run(self.hook), "unresolved_operations")
         self.assertEqual(again.calls, 0)
-        kinds = [event["kind"] for _, event in self.guard._journal.events()]
+        kinds = [event["kind"] for _, event in self.guard.gate.opened_journal.events()]
         self.assertEqual(kinds, ["started", "uncertain"])
         self.close_guard(self.guard)
         self.assertVerifies()

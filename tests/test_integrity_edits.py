@@ -87,7 +87,7 @@ class ForeignSchemaObjects(ReliabilityCase):
         call(guard, Tool(), "c1")
         with open(os.path.join(self.data_dir, "head.json"), "rb") as stream:
             head = stream.read()
-        store = guard._journal._store
+        store = guard.gate.opened_journal._store
         real = store.database.connection
 
         class Swallowing:  # an INSERT that "succeeds" without storing the row
@@ -223,7 +223,7 @@ class EditsBehindTheWorkersBack(ProtectedCallCase):
         self.addCleanup(guard.close)
         self.call(guard, Tool(), "call-0")
         self.fold_wal_and_warm(guard)
-        database = guard._journal._store.database
+        database = guard.gate.opened_journal._store.database
         looked, edits = database.files_touched, []
 
         def look_then_edit(*args, **kwargs):

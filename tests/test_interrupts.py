@@ -83,7 +83,7 @@ class InterruptAfterAdmission(ProtectedCallCase):
             with self.assertRaises(KeyboardInterrupt):
                 self.call(guard, tool)
         self.assertEqual(tool.calls, 0)
-        [operation] = guard._journal.unresolved()
+        [operation] = guard.gate.opened_journal.unresolved()
         self.assertEqual(operation.state, "pending")
         self.assertEqual(probe_owner(self.data_dir, operation.operation_id)["owner"], "gone")
         # Neither a lock nor a binding leaked: the retry meets the gate.

@@ -37,9 +37,9 @@ class ModelFacingTexts(JournalTestCase):
         super().setUp()
         self.seen = {}
 
-    def guard(self, **options):
-        guard = RecoveryGuard(self.data_dir, command_prefix=lambda: PREFIX, **options)
-        self.addCleanup(lambda: guard._journal is not None and guard.close())
+    def guard(self, data_dir=None, **options):
+        guard = RecoveryGuard(data_dir or self.data_dir, command_prefix=lambda: PREFIX, **options)
+        self.addCleanup(lambda: guard.gate.opened_journal is not None and guard.close())
         return guard
 
     def both_paths(self, guard, tool="send_payment", args=None, call_id="c", next_call=None):
@@ -97,14 +97,13 @@ class ModelFacingTexts(JournalTestCase):
         self.record(self.both_paths(guard, call_id="poisoned"))
         self.record(self.both_paths(guard, tool="terminal", args={"command": "ls"}))
 
-        platform = self.guard(settings={}, busy_timeout=1)
-        platform._data_dir_source = os.path.join(self.root, "elsewhere")
+        platform = self.guard(settings={}, busy_timeout=1,
+                              data_dir=os.path.join(self.root, "elsewhere"))
         with mock.patch.object(gate_module, "platform_problem", return_value="no fcntl here"):
             self.record(self.both_paths(platform))
 
-        broken = self.guard()
-        broken._data_dir_source = os.path.join(self.root, "a-file")
-        with open(broken._data_dir_source, "w", encoding="utf-8") as stream:
+        broken = self.guard(data_dir=os.path.join(self.root, "a-file"))
+        with open(os.path.join(self.root, "a-file"), "w", encoding="utf-8") as stream:
             stream.write("not a directory")
         self.record(self.both_paths(broken))
 

@@ -101,7 +101,7 @@ class OperatorTestCase(JournalTestCase):
     def guard(self, **options):
         """A RecoveryGuard on self.data_dir whose journal is closed at cleanup."""
         guard = RecoveryGuard(self.data_dir, **options)
-        self.addCleanup(lambda: guard._journal is not None and guard.close())
+        self.addCleanup(lambda: guard.gate.opened_journal is not None and guard.close())
         return guard
 
     def cli(self, *words, expect=0):

@@ -33,7 +33,7 @@ class ResolvedHungCall(JournalTestCase):
     def setUp(self):
         super().setUp()
         self.guard = RecoveryGuard(self.data_dir)
-        self.addCleanup(lambda: self.guard._journal is not None and self.guard.close())
+        self.addCleanup(lambda: self.guard.gate.opened_journal is not None and self.guard.close())
 
     def hang(self, downstream_after_release=None):
         """``send_payment`` on its own thread, blocked in downstream until the

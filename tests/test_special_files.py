@@ -125,7 +125,7 @@ class PlantedOperatorLog(ProtectedCallCase):
         guard = RecoveryGuard(self.data_dir)
         guard.tool_execution(tool_name="send_payment", args={}, next_call=lambda: '{"error": 1}',
                              session_id="s", tool_call_id="c")
-        operation = guard._journal.unresolved()[0].operation_id
+        operation = guard.gate.opened_journal.unresolved()[0].operation_id
         guard.close()
         target = os.path.join(self.root, "elsewhere.txt")
         with open(target, "w") as stream:

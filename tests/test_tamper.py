@@ -84,8 +84,8 @@ class Fixture:
         with self.case.assertRaises(RuntimeError):
             self.guard.tool_execution("book_flight", {"n": "c2"}, self._boom,
                                       session_id="s", tool_call_id="c2")
-        operation = self.guard._journal.unresolved()[0].operation_id
-        self.guard._journal.resolve(operation, outcome="not_applied", evidence="no row in service")
+        operation = self.guard.gate.opened_journal.unresolved()[0].operation_id
+        self.guard.gate.opened_journal.resolve(operation, outcome="not_applied", evidence="no row in service")
         self.call("c3")
         self.call("c4")
         self.count = len(_rows(self.database))
@@ -375,7 +375,7 @@ class StrayWal(JournalTestCase):
             hook = guard.pre_tool_call(tool_name="book_flight", args={}, session_id="s",
                                        tool_call_id="n")
             self.assertEqual(json.loads(hook["message"])["code"], code)
-            if guard._journal is not None:
+            if guard.gate.opened_journal is not None:
                 guard.close()
         self.assertEqual(self.snapshot(), before)
         with open(wal, "rb") as stream:  # SQLite did not delete or rewrite the WAL
