@@ -18,7 +18,6 @@ malformed record reads as "nothing recorded".  Standard library only.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import re
 import time
@@ -30,10 +29,11 @@ from ..storage.durable import (TEMP_SUFFIX, make_durable_directories, process_al
                                write_atomically)
 from ..storage.errors import JournalError
 from ..storage.call_lock import process_start_time
+from ..storage.log_lines import plugin_logger
 from ..storage.record import canonical_text
 from .settings import Settings, settings_view, tool_names_view, with_attention
 
-logger = logging.getLogger(__name__.rsplit(".", 2)[0] + ".guard")
+logger = plugin_logger(__name__.rsplit(".", 2)[0] + ".guard")
 
 RECORD_NAME = "registered_tools.json"
 # A host registers a few hundred tools; anything larger is not our record.

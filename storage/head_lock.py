@@ -25,7 +25,7 @@ import contextlib
 import os
 import threading
 import time
-from typing import Iterator, Optional
+from typing import Iterator
 
 from . import forksafe
 from .errors import JournalUnavailable
@@ -45,17 +45,16 @@ _DIRECTORY_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | os.O_CLOEXEC
 
 class HeadLock:
     """The head lock of one data directory.  ``timeout``: seconds to wait for
-    it (the busy timeout).  One descriptor of the directory is kept open and
-    locked and unlocked in place; its users serialize on their store's lock
-    (a use from a second thread while one holds it would share that hold)."""
+    it (the busy timeout).  Each use opens a descriptor of the directory of
+    its own (an open and a close: microseconds), so a process that has run
+    out of descriptors says so here, as its calls would."""
 
     def __init__(self, data_dir: str, timeout: float):
         self.data_dir = data_dir
         self.timeout = timeout
-        self._descriptor: Optional[int] = None
-        self._pid = os.getpid()
         # Per thread: whether it holds the lock through this object now, and
-        # how (a nested use is then a no-op).
+        # how (a nested use is then a no-op: a second descriptor would wait
+        # for the first forever).
         self._holding = threading.local()
 
     @contextlib.contextmanager
@@ -71,49 +70,28 @@ class HeadLock:
             return
         if held is not None:
             raise RuntimeError("head lock: a shared holder cannot take it exclusively")
-        descriptor = self._open(exclusive)
-        if descriptor is None:
+        try:
+            descriptor = os.open(self.data_dir, _DIRECTORY_FLAGS)
+        except PermissionError:
+            if exclusive:
+                raise JournalUnavailable("storage_unavailable", f"the data directory "
+                                         f"{self.data_dir} cannot be opened") from None
             yield  # a reader without read access to the directory itself
             return
-        self._take(descriptor, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        self._holding.mode = "exclusive" if exclusive else "shared"
+        except OSError as exc:
+            raise JournalUnavailable("storage_unavailable", f"the data directory cannot be "
+                                     f"opened ({exc.strerror or exc})") from None
+        forksafe.close_in_child(descriptor)
         try:
-            yield
+            self._take(descriptor, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            self._holding.mode = "exclusive" if exclusive else "shared"
+            try:
+                yield
+            finally:
+                self._holding.mode = None
         finally:
-            self._holding.mode = None
-            try:
-                fcntl.flock(descriptor, fcntl.LOCK_UN)
-            except OSError:
-                self.close()  # closing drops the lock too
-
-    def _open(self, exclusive: bool) -> Optional[int]:
-        """The directory's descriptor, opened at first use (and again in a
-        forked child, whose inherited copy storage/forksafe.py closed)."""
-        if self._pid != os.getpid():
-            self._descriptor, self._pid = None, os.getpid()
-        if self._descriptor is None:
-            try:
-                self._descriptor = os.open(self.data_dir, _DIRECTORY_FLAGS)
-            except PermissionError:
-                if exclusive:
-                    raise JournalUnavailable("storage_unavailable", f"the data directory "
-                                             f"{self.data_dir} cannot be opened") from None
-                return None
-            except OSError as exc:
-                raise JournalUnavailable("storage_unavailable", f"the data directory cannot be "
-                                         f"opened ({exc.strerror or exc})") from None
-            forksafe.close_in_child(self._descriptor)
-        return self._descriptor
-
-    def close(self) -> None:
-        """Give the descriptor back (idempotent, never raises)."""
-        descriptor, self._descriptor = self._descriptor, None
-        if descriptor is not None and self._pid == os.getpid():
             forksafe.forget(descriptor)
-            try:
-                os.close(descriptor)
-            except OSError:
-                pass
+            os.close(descriptor)  # drops the lock
 
     def _take(self, descriptor: int, mode: int) -> None:
         deadline = None

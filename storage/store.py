@@ -108,7 +108,6 @@ class JournalStore(VerifiedSnapshots):
         its events back); otherwise every file is left as found."""
         with self.lock:
             self.database.close(fold=self.healthy or self.database.own_wal_deleted())
-            self.head_lock.close()
             self.files.forget()
             self.forget()
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import socket
 import subprocess
 import types
 import unittest
@@ -29,6 +30,18 @@ class DashboardCommandTests(JournalTestCase):
         self.commands = DashboardCommands(Journal, data_dir=lambda: self.data_dir,
                                           settings=lambda: {"protected_tools": ["book_trip"]},
                                           registered_tools=lambda: ["book_trip", "read_file"])
+        self.connection = self.loopback_connection()
+
+    def loopback_connection(self) -> tuple:
+        """The two ends of a real loopback connection whose client is this
+        test process (a person's browser, as the routes see one): the
+        writing routes examine the process that sent a request."""
+        server = socket.create_server(("127.0.0.1", 0))
+        client = socket.create_connection(server.getsockname())
+        accepted, _ = server.accept()
+        for endpoint in (server, client, accepted):
+            self.addCleanup(endpoint.close)
+        return client.getsockname(), accepted.getsockname()
 
     def uncertain_operation(self) -> str:
         guard = RecoveryGuard(self.data_dir)
@@ -70,10 +83,11 @@ class DashboardCommandTests(JournalTestCase):
         )
         for target, body, status, code in cases:
             with self.subTest(body=str(body)[:60], target=target):
-                document, got = self.commands.resolve(target, body, via)
+                document, got = self.commands.resolve(target, body, via, self.connection)
                 self.assertEqual((got, document["ok"], document["error"]["code"]),
                                  (status, False, code))
-        document, got = self.commands.acknowledge(operation_id, {"evidence": EVIDENCE}, via)
+        document, got = self.commands.acknowledge(operation_id, {"evidence": EVIDENCE}, via,
+                                                  self.connection)
         self.assertEqual((got, document["error"]["code"], document["integrity"]),
                          (409, "nothing_to_acknowledge", "ok"))
         self.assertEqual(self.snapshot(), before)
@@ -84,7 +98,8 @@ class DashboardCommandTests(JournalTestCase):
                                       display_name="Ops " + "x" * 300, provider="password")
         via = dashboard_operator(login, "127.0.0.1")
         document, status = self.commands.resolve(operation_id, {"outcome": "not_applied",
-                                                                "evidence": EVIDENCE}, via)
+                                                                "evidence": EVIDENCE}, via,
+                                                 self.connection)
         self.assertEqual((status, document["resolved"], document["previous_state"],
                           document["forced"]), (200, operation_id, "uncertain", False))
         operator = run_cli(self.data_dir, "show", operation_id)[1]["events"][-1]["operator"]
