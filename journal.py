@@ -3,27 +3,61 @@
 One data directory holds one journal (docs/format.md §Files): ``journal.sqlite3``
 (WAL mode, ``synchronous=FULL``), ``head.json`` (the checkpoint) and
 ``initialized`` (the marker).  :class:`Journal` is the journal's vocabulary --
-admission, outcomes, resolutions, late outcomes, repair -- on top of
+admission, outcomes, resolutions, late outcomes, repair, archive -- on top of
 :class:`store.JournalStore`, which verifies and appends.
 
-Append protocol (docs/format.md §Append)::
+The state machine of one operation (docs/format.md §Events, §Transitions)::
+
+    started ──► PENDING ──returned──► RETURNED (closed)
+                   │ └───uncertain──► UNCERTAIN
+                   │                    │
+                   └──resolved──┬───────┘  (an operator, with evidence)
+                                ▼
+                             RESOLVED ──late_outcome──► RESOLVED, needs attention
+                                                            │ acknowledged
+                                                            ▼
+                                                         RESOLVED (closed)
+
+* PENDING: its ``started`` is durable, so its tool may be running, or may have
+  run.  Its worker holds the call's lock (storage/call_lock.py) from before
+  ``started`` until the outcome is committed: while the lock is held the call
+  is out (the gate is *busy*); once it is gone -- the worker died, however --
+  nobody knows whether the side effect happened, and the gate is *closed*
+  until a person resolves it.  A crash here is exactly that case.
+* UNCERTAIN: the tool raised, was cancelled or answered an error; the gate is
+  closed until a person resolves it.  Nothing can happen to it but that.
+* RETURNED: the tool answered normally; nothing more is ever written for it.
+* RESOLVED: an operator recorded ``completed`` or ``not_applied``.  If the
+  call was still running (``resolve --force``), its worker keeps its lock and
+  records how the tool really ended as a ``late_outcome`` when it returns;
+  that needs an operator's ``acknowledged``.  A crash of that worker leaves
+  the resolution as it is (the late outcome never comes; nothing waits for it).
+
+Only PENDING and UNCERTAIN are *open*; while any is open, :meth:`Journal.admit`
+refuses (the one rule of admission, under the writer lock).  An ``archived``
+event is no operation's: it anchors the sealed segment a new one continues
+(docs/format.md §Archives).
+
+Append protocol (docs/format.md §Append; the order of database and file work
+lives in one place, :meth:`store.JournalStore.writing`)::
 
     verify on a read snapshot (no lock; the whole history when needed)
     BEGIN IMMEDIATE: catch up with what changed since (cheap), check the files
-    1 INSERT, confirm the stored row  2 head.json: temp write, fsync,
-    os.replace, directory fsync  3 COMMIT
+    1 INSERT, confirm the stored row  2 head.json: temp write, fsync;
+      head lock (exclusive), os.replace, directory fsync  3 COMMIT, head lock released
 
 What a crash or a failure at each point leaves behind:
 
 * before the ``os.replace``: SQLite rolls the INSERT back; ``head.json`` is
   unchanged.  The event never happened (for ``started``: the tool never ran).
 * a failure (not a crash) after the ``os.replace`` and before COMMIT: the old
-  ``head.json`` is put back *while the writer lock is still held*, then ROLLBACK.
+  ``head.json`` is put back *while both locks are still held*, then ROLLBACK.
 * a crash between the ``os.replace`` and COMMIT, or a failed COMMIT (the event
   may or may not be durable): ``head.json`` stays one event ahead.  Either the
   event is there after restart (consistent), or verification reports
   ``checkpoint_ahead``, which :meth:`Journal.repair_checkpoint` handles; every
-  protected call is refused meanwhile.
+  protected call is refused meanwhile.  A reader never mistakes a live
+  writer's step 2 for this state: it reads the files under the head lock.
 * after COMMIT: the event is durable.
 
 Errors: every failure is a :class:`JournalError`; ``sqlite3.Error`` never
