@@ -56,7 +56,7 @@ class ArchiveRoundTrip(ReliabilityCase):
         self.assertEqual((anchor["journal_id"], anchor["count"], anchor["head"]),
                          (self.exported["journal_id"], 6, self.exported["head"]))
         path = os.path.join(self.data_dir, anchor["file"])
-        self.assertEqual(os.stat(path).st_mode & 0o777, 0o444)
+        self.assertEqual(os.stat(path).st_mode & 0o777, 0o400)  # read-only, private
         self.assertEqual(sealed["checkpoint_after"]["count"], 1)
         self.assertEqual(book(self.guard, "d"), '{"status": "booked"}')  # the live guard goes on
         fresh = RecoveryGuard(self.data_dir)
