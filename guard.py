@@ -4,6 +4,7 @@ One call, as the ``tool_execution`` middleware sees it::
 
     not protected (settings), a Tool Search catalog read or connector batch,
       or a tool_call naming only unprotected tools? ----------> next_call()
+      (while the gate is closed only read-only tools: else blocked JSON)
     a tool_call the host left unresolved naming a protected tool -> blocked JSON
     the same call re-entered (host identity, this context)? ---> next_call()
     refuse: bad arguments, poisoned guard, nested call, a call already in

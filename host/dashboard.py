@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ..admission.registered_tools import operator_settings_view, workers_running
-from ..reconciliation.caller import peer_caller
+from ..reconciliation.caller import VIA_DASHBOARD, peer_caller, this_process
 from ..reconciliation.commands import command_log, run_command
 from ..reports.messages import hermes_prefix, next_command, next_step_of, status_next_step
 from ..reports.status import (GATE_CLOSED, absent_journal_status, check_view,
@@ -263,8 +263,12 @@ class DashboardCommands:
 
 
 def _caller(connection: Optional[tuple]) -> Any:
-    """The :class:`caller.Caller` of a request from its connection's two ends."""
-    client, server = connection if connection else (None, None)
+    """The :class:`caller.Caller` of a request from its connection's two ends;
+    without one (a call from Python, not a route) this process, examined from
+    its parent up, as a shell command is."""
+    if connection is None:
+        return this_process(VIA_DASHBOARD)
+    client, server = connection
     return peer_caller(client, server)
 
 

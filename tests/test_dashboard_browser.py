@@ -20,6 +20,7 @@ import os
 import signal
 import subprocess
 import tempfile
+import time
 import unittest
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from dashboard_support import (PROFILE, REQUIRE_HOST, Dashboard, HeldCall, dashb
 REQUIRE_BROWSER = os.environ.get("CRASH_RECOVERY_REQUIRE_BROWSER", "") == "1"
 PROGRAM, MISSING = dashboard_program()
 CHROMIUM = chromium_program()
+FRAME_WAIT_SECONDS = 60
 
 
 def setUpModule():
@@ -229,7 +231,7 @@ class OperatorInTheBrowser(JournalTestCase):
                          [("resolve", uncertain, False, "dashboard"),
                           ("resolve", held.operation_id, True, "dashboard"),
                           ("acknowledge", held.operation_id, None, "dashboard"),
-                          ("resolve", killed.operation_id, False, None)])
+                          ("resolve", killed.operation_id, False, "cli")])
 
         # 6. Someone edits the journal: the page says it cannot be trusted and
         # what to do next; the banner is back.
@@ -262,18 +264,28 @@ class OperatorInTheBrowser(JournalTestCase):
 
         def inside(test_id: str) -> str:
             return f"{inner}.querySelector('[data-testid=\"{test_id}\"]')"
-        page.wait_for(inside("cr-framed"), "the page's notice that it is framed")
+
+        def wait_inside(condition: str, what: str) -> None:
+            # The page's own wait watches the top document; the frame's changes
+            # are looked at until they show (bounded, never a pass on timeout).
+            for _ in range(int(FRAME_WAIT_SECONDS * 10)):
+                if page.evaluate(f"(() => {{ try {{ return !!({condition}); }} "
+                                 f"catch (error) {{ return false; }} }})()"):
+                    return
+                time.sleep(0.1)
+            self.fail(f"the framed page never showed {what}")
+        wait_inside(inside("cr-framed"), "its notice that it is framed")
         self.assertIn("settles nothing", page.evaluate(f"{inside('cr-framed')}.innerText"))
-        page.wait_for(inside(f"cr-settle-open-{framed_id}"), "the operation, in the frame")
+        wait_inside(inside(f"cr-settle-open-{framed_id}"), "the operation")
         page.evaluate(f"{inside(f'cr-settle-open-{framed_id}')}.click(); true")
-        page.wait_for(inside(f"cr-outcome-not_applied-{framed_id}"))
+        wait_inside(inside(f"cr-outcome-not_applied-{framed_id}"), "the settle form")
         page.evaluate(f"{inside(f'cr-outcome-not_applied-{framed_id}')}.click(); true")
         page.evaluate(f"{inside(f'cr-evidence-{framed_id}')}.focus(); true")
         page.send("Input.insertText", session=True, text="clicked through someone's frame")
-        page.wait_for(f"!{inside(f'cr-submit-{framed_id}')}.disabled")
+        wait_inside(f"!{inside(f'cr-submit-{framed_id}')}.disabled", "an enabled submit")
         page.evaluate(f"{inside(f'cr-submit-{framed_id}')}.click(); true")
-        page.wait_for(f"{inside(f'cr-answer-{framed_id}')}?.dataset.code === 'framed'",
-                      "the framed refusal")
+        wait_inside(f"{inside(f'cr-answer-{framed_id}')}?.dataset.code === 'framed'",
+                    "the framed refusal")
         self.shot("framed-page-settles-nothing")
         self.assertEqual([op["operation_id"] for op in run_cli(self.data_dir, "status")[1]
                           ["unresolved"]], [framed_id])
