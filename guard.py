@@ -190,6 +190,9 @@ class RecoveryGuard:
             if verdict == BRIDGE_REFUSE:
                 raise Refusal("bridge_call_unresolved", bridge_refusal_explanation(args))
             identity, _ = self._identity(tool_name, args, session_id, tool_call_id)
+            binding = live_admission()
+            if binding is not None and same_call(binding.identity, identity):
+                return None  # our middleware admitted this very call (Hermes 0.20+)
             self.gate.refuse_unwrapped(identity)  # our middleware did not wrap this call
             self.gate.check(identity)
             return None
@@ -324,32 +327,25 @@ class RecoveryGuard:
                     call_lock.release()
 
     def _admit(self, identity: tuple, call_fingerprint: str) -> tuple:
-        """Gate, the call's lock, durable ``started``: ``(journal,
-        operation_id, call lock)``.  Raises :class:`Refusal` (then nothing is
-        held).  The caller releases the call's lock."""
+        """The call's lock and its durable ``started``, in one transaction of
+        the journal (:meth:`journal.Journal.admit`): ``(journal, operation_id,
+        call lock)``.  Raises :class:`Refusal` (then nothing is held and no
+        file was touched).  The caller releases the call's lock."""
         tool_name, session_id, tool_call_id, args_hash = identity
-        # Checked before any file is touched: a refusal changes no file.
-        # admit() below checks again under the writer lock.
-        journal = self.gate.check(identity)
+        journal = self.gate.admission_journal()
         operation_id = str(uuid.uuid4())
         call_lock = CallLock(journal.data_dir, operation_id)
         try:
-            call_lock.acquire()
-        except OSError as exc:
-            raise Refusal("storage_unavailable",
-                          f"The call's lock cannot be made in the journal's directory "
-                          f"({exc.strerror or exc}); nothing was run.") from None
-        try:
             journal.admit(operation_id=operation_id, tool=tool_name, args_hash=args_hash,
                           fingerprint=call_fingerprint, session_id=session_id,
-                          tool_call_id=tool_call_id)
+                          tool_call_id=tool_call_id, call_lock=call_lock)
         except JournalError as exc:
             call_lock.release()
             if exc.code == "commit_failed":
                 logger.warning("crash-recovery: the started event of operation %s (%s) may or "
                                "may not be durable; the tool was NOT run. If it shows as pending, "
                                "settle it as not_applied", operation_id, tool_name)
-            raise self.gate.refusal_for(exc) from None
+            raise self.gate.refusal_for(exc, tool_name) from None
         except BaseException:
             call_lock.release()
             raise

@@ -254,14 +254,20 @@ class Journal:
     # ------------------------------------------------------------ writing --
 
     def admit(self, *, operation_id: str, tool: str, args_hash: str, fingerprint: str,
-              session_id: Optional[str], tool_call_id: Optional[str]) -> Operation:
+              session_id: Optional[str], tool_call_id: Optional[str],
+              call_lock: Any = None) -> None:
         """Admission (docs/guard.md §Execution contract): refuse if any operation
-        is open, else durably append ``started``; returns the pending operation.
+        is open, else take the call's lock (``call_lock``, a
+        :class:`call_lock.CallLock` the caller releases) and durably append
+        ``started``, in that order under the writer lock: a refused call
+        touches no file, and no reader ever sees the operation pending
+        without its lock.
 
         Raises :class:`AdmissionRefused` ``unresolved_operations`` (with
         ``details["operations"]``), :class:`IntegrityError`,
-        :class:`JournalUnavailable` (``commit_failed``: the event may or may not
-        be durable).  On any other error nothing was committed.
+        :class:`JournalUnavailable` (``storage_unavailable`` when the call's
+        lock cannot be made; ``commit_failed``: the event may or may not be
+        durable).  On any other error nothing was committed.
         """
         for name, value in (("session_id", session_id), ("tool_call_id", tool_call_id)):
             if not optional_text(value):
@@ -270,11 +276,15 @@ class Journal:
             raise AdmissionRefused("invalid_request", "tool name must be non-empty text")
         with self._store.writing("started", give_up=self._refuse_open) as chain:
             self._refuse_open(chain)
+            if call_lock is not None:
+                try:
+                    call_lock.acquire()
+                except OSError as exc:
+                    raise storage_error(exc, "making the call's lock") from None
             self._store.append(chain, {"kind": "started", "operation_id": operation_id,
                                        "tool": tool, "fingerprint": fingerprint,
                                        "args_hash": args_hash, "session_id": session_id,
                                        "tool_call_id": tool_call_id})
-            return chain.operation(operation_id)
 
     @staticmethod
     def _refuse_open(chain: Chain) -> None:
@@ -296,8 +306,8 @@ class Journal:
         says whether an operator resolved it meanwhile."""
         kind = "uncertain" if uncertain else "returned"
         with self._store.writing(kind) as chain:
-            current = chain.operation(operation_id)
-            if current is None or current.state != STATE_PENDING:
+            current = chain.open.get(operation_key(operation_id))  # [payload, seq, state, ...]
+            if current is None or current[2] != STATE_PENDING:
                 raise AdmissionRefused("operation_not_pending",
                                        f"operation {operation_id} is not pending",
                                        operation_id=operation_id,

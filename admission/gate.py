@@ -268,7 +268,18 @@ class Gate:
             raise self._open_operations_refusal(views, identity[0] if identity else "this tool")
         return journal
 
-    def refusal_for(self, error: JournalError) -> Refusal:
+    def admission_journal(self) -> Any:
+        """The journal a protected call is admitted into, or :class:`Refusal`
+        (a poisoned guard, a journal that cannot be opened).  Whether anything
+        is open is then the admission's own question, under the writer lock."""
+        if self.poisoned:
+            raise Refusal("guard_poisoned", self.poisoned)
+        try:
+            return self.journal()
+        except JournalError as exc:
+            raise self.refusal_for(exc) from None
+
+    def refusal_for(self, error: JournalError, tool_name: str = "this tool") -> Refusal:
         """The refusal for a journal error: open operations (admission's own
         ``unresolved_operations``) as :meth:`check` explains them, any other
         code as the journal's verdict (logged for the operator with its next
@@ -276,7 +287,7 @@ class Gate:
         if error.code == "unresolved_operations":
             views = settled_views(error.details["operations"], self._reader(None),
                                   self._journal.data_dir)
-            return self._open_operations_refusal(views)
+            return self._open_operations_refusal(views, tool_name)
         prefix = self.prefix()
         self.warn_once(f"journal:{error.code}", REFUSAL_LOG_INTERVAL_SECONDS,
                        "crash-recovery: the journal refuses protected calls (%s): %s; next: %s",

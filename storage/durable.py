@@ -433,14 +433,28 @@ class DurableFiles:
         content = canonical_text(checkpoint).encode("utf-8")
         write_atomically(self.checkpoint_path, content, announce=announce,
                          on_replaced=self._note_replaced, before_replace=before_replace)
+        self._remember_written(self.checkpoint_path, content)
+
+    def _remember_written(self, path: str, content: bytes) -> None:
+        """What this writer just wrote, so the next look needs only a ``stat``
+        (the state taken after the replace: any later change shows in it)."""
+        try:
+            state = file_state(path)
+        except OSError:
+            state = None
+        if state is None:
+            self._files_read.pop(path, None)
+        else:
+            self._files_read[path] = (state, content)
 
     def _note_replaced(self) -> None:
         self.checkpoint_replaced = True
 
     def write_marker(self, journal_id: str, schema: str, *, announce: str) -> None:
         """Write the ``initialized`` marker durably (head lock held exclusively)."""
-        write_atomically(self.marker_path, marker_text(journal_id, schema).encode("utf-8"),
-                         announce=announce)
+        content = marker_text(journal_id, schema).encode("utf-8")
+        write_atomically(self.marker_path, content, announce=announce)
+        self._remember_written(self.marker_path, content)
 
     def remove_stale_temp_files(self) -> list:
         """Leftover temp files of ``head.json`` and the marker (writer lock held)."""

@@ -180,6 +180,8 @@ class JournalStore(VerifiedSnapshots):
         """docs/format.md §Append steps 1-2 (the caller's transaction commits).
         ``chain`` is updated in place; on failure the caller discards it."""
         kind = fields["kind"]
+        # Only a writer that appends tidies up: a refused call changes no file.
+        self._remove_leftovers_locked()
         payload = {"schema": chain.schema, "timestamp_ns": time.time_ns(), **fields}
         payload_text = canonical_text(payload)
         problem = payload_problem(payload, chain.schema)
@@ -268,6 +270,10 @@ class JournalStore(VerifiedSnapshots):
                     self._commit(connection, kind)
                 if kind:
                     reach_boundary("committed", kind)
+                # What this process wrote it has seen: history may never shrink
+                # under it (an archive switch left the new segment's chain).
+                written = self._chain if self._chain is not None else chain
+                self._verified = (written.journal_id, written.count, written.head)
                 self._after_commit(connection)
                 for step in self._after_commit_steps:
                     step()
@@ -335,8 +341,8 @@ class JournalStore(VerifiedSnapshots):
                 if chain is None:
                     raise _StaleSnapshot()
                 reach_boundary("begin", kind)
-                self._remove_leftovers_locked()
-                intent = archive.read_intent(self.data_dir)
+                intent = (archive.read_intent(self.data_dir)
+                          if os.path.lexists(self.files.intent_path) else None)
                 if intent is not None:
                     self.hold_files()
                     self._finish_archive_switch(connection, intent)
