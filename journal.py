@@ -41,9 +41,10 @@ from typing import Any, Iterator, Optional
 
 from .storage import archive, archive_reading
 from .storage.calls import refuse_calls_out
-from .storage.chain import Chain, JournalStatus, Operation, operation_from_started, operation_key
+from .storage.chain import (Chain, JournalStatus, Operation, lost_window,
+                            operation_from_started, operation_key)
 from .storage.database import DEFAULT_BUSY_TIMEOUT_SECONDS, translate_sqlite_error
-from .storage.durable import reach_boundary, storage_error
+from .storage.durable import marker_written_ns, reach_boundary, storage_error
 from .storage.errors import AdmissionRefused, IntegrityError, JournalError, JournalUnavailable
 from .storage.record import (LOST_TOOL, OUTCOMES, STATE_PENDING, checkpoint_shape_problem,
                              decode_payload, genesis_hash, optional_text, value_hash)
@@ -301,8 +302,10 @@ class Journal:
                         "kind": "started", "operation_id": lost, "tool": LOST_TOOL,
                         "fingerprint": NO_RESPONSE_HASH, "args_hash": NO_RESPONSE_HASH,
                         "session_id": None, "tool_call_id": None, "lost_in_crash": before,
-                        "lost_window": {"after_ns": self._timestamp_at(chain.count),
-                                        "before_ns": time.time_ns()}})
+                        "lost_window": lost_window(
+                            time.time_ns(), last_event_ns=self._timestamp_at(chain.count),
+                            created_ns=self._store.created_ns(),
+                            marker_written_ns=marker_written_ns(self.data_dir))})
             if lost is not None:
                 self.record_outcome(lost, uncertain=True, result_hash=NO_RESPONSE_HASH,
                                     reason="lost_in_crash")

@@ -5,39 +5,47 @@ A journal that fails verification refuses every protected call for good; most
 verdicts have no repair, because nobody can tell which events are missing.
 This command keeps the broken files untouched as evidence, moved into
 ``replaced/<UTC time>-<journal id>/`` inside the data directory, and starts a
-new journal that
+new journal that records what it replaced, carries over, still open, every
+operation open in the old journal's last verified state (same id, tool,
+session, call id, hashes and start time), brings back one open operation (tool
+``unknown``, reason ``lost_in_crash``) when later events may be lost, and
+continues the old journal's archives when they verify.
 
-* records what it replaced: event 1 is a ``started`` of a bookkeeping
-  operation (tool :data:`RESTART_TOOL`) with the field ``restarted_from``
-  (old journal id, its last verified checkpoint, the old ``head.json``, the
-  verdict, the evidence folder), closed at once by a ``resolved`` holding the
-  operator's evidence;
-* carries over, still open, every operation that was open in the old
-  journal's last verified state (same id, tool, hashes and start time; the
-  extra field ``carried_over``), so the gate never opens for a call that may
-  have run;
-* brings back one open operation (tool ``unknown``, ``uncertain``, reason
-  ``lost_in_crash``) when events after that state may be lost.
+It is a recorded procedure, like the archive switch:
 
-The switch keeps the gate closed at every instant, a crash included: the old
-``head.json`` is kept by a hard link first (or, when there is none, a
-placeholder naming the new journal is written, so the directory never looks
-like a fresh profile), the old database is moved next (what remains reads
-``missing_database``), and the new ``head.json`` replaces the old one last.
-Nothing is deleted.
+1. *prepare* -- read the old journal from copies, build the new one complete
+   in a staging folder ``restart.<pid>-<hex>.tmp/``, make it durable.  The
+   journal's files are untouched; a failure or a crash leaves garbage the next
+   run removes.
+2. *intent* -- ``restart.json`` names the staging and evidence folders and
+   holds the whole result; written durably before anything is moved.
+3. *keep* -- the old ``head.json`` is linked into the evidence folder (an odd
+   file there is moved and a placeholder naming the new journal takes its
+   place), then the old files are moved, the database first; every rename is
+   made durable in both directories before the next.
+4. *place* -- the new database and marker are renamed out of the staging
+   folder, the line of ``operator.log`` is written, and the new ``head.json``
+   replaces the old one last: from then on the new journal is the journal.
+5. *finish* -- ``restart.json`` and the empty staging folder are removed.
+
+At every instant the data directory holds something of a journal (never a
+fresh profile, whose gate is open), and reads as an integrity verdict until
+step 4 ends.  A run that finds ``restart.json`` continues from wherever the
+last one stopped, with the journal the first one built: the same operations,
+the same result.  A failure in step 3 (a full disk) moves everything back.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
+import errno
 import json
 import os
 import re
 import shutil
-import sqlite3
-import stat
 import struct
 import uuid
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 try:
     import fcntl
@@ -45,232 +53,442 @@ except ImportError:  # no advisory locks: workers cannot be detected
     fcntl = None  # type: ignore[assignment]
 
 from ..reports.messages import INTEGRITY_VERDICTS
-from ..storage.archive import ARCHIVE_DIRECTORY
-from ..storage.chain import Chain, PossibleReuse, extend_chain
-from ..storage.database import DEFAULT_BUSY_TIMEOUT_SECONDS
-from ..storage.durable import (TEMP_SUFFIX, fsync_directory, fsync_file, process_alive,
-                               reach_boundary, read_regular_file, write_atomically)
+from ..storage import archive
+from ..storage.chain import lost_window
+from ..storage.durable import (TEMP_SUFFIX, foreign_file_type, fsync_directory, fsync_file,
+                               make_durable_directories, reach_boundary, read_regular_file,
+                               remove_stale_temp_files, write_atomically)
 from ..storage.errors import IntegrityError, JournalError, JournalUnavailable
 from ..storage.owner import OwnerLock
-from ..storage.record import (CHECKPOINT_NAME, DATABASE_NAME, INTENT_NAME, LOST_TOOL, MARKER_NAME,
-                              SCHEMA, SHM_SUFFIX, WAL_SUFFIX, canonical_text, checkpoint_of,
-                              genesis_hash, is_uuid, value_hash)
-from ..storage.schema import SQL_SELECT_ROWS_AFTER
-from ..storage.snapshot import DEFAULT_FULL_VERIFICATION_INTERVAL_SECONDS
-from ..storage.store import JournalStore
+from ..storage.record import (CHECKPOINT_NAME, DATABASE_NAME, INTENT_NAME, MARKER_NAME,
+                              SHM_SUFFIX, WAL_SUFFIX, canonical_text, checkpoint_of,
+                              genesis_hash)
 from ..storage.wal_keeper import REGISTRY_OFFSET
+from .building import RESTART_TOOL, build_new_journal
+from .replaced import last_verified_state, summary_of_state, unverified_history
 
-# The tool name of the bookkeeping operation that opens a restarted journal.
-RESTART_TOOL = "crash-recovery.restart-journal"
+__all__ = ["RESTART_TOOL", "RESTART_INTENT_NAME", "REPLACED_DIRECTORY", "RestartRefused",
+           "restart_journal", "pending_restart"]
+
 # Where replaced journals are kept, inside the data directory.
 REPLACED_DIRECTORY = "replaced"
+# The intent of a restart in progress (docs/format.md §Files).
+RESTART_INTENT_NAME = "restart.json"
 # Moved in this order: the database first, so that whatever a crash leaves
 # behind reads as missing_database (closed), never as a fresh profile.
 MOVED_NAMES = (DATABASE_NAME, DATABASE_NAME + WAL_SUFFIX, DATABASE_NAME + SHM_SUFFIX,
-               MARKER_NAME, INTENT_NAME, ARCHIVE_DIRECTORY)
-NO_HASH = value_hash(None)
+               MARKER_NAME, INTENT_NAME, archive.ARCHIVE_DIRECTORY)
+# The new journal's files in the staging folder, placed in this order.
+NEW_NAMES = (DATABASE_NAME, MARKER_NAME, CHECKPOINT_NAME)
 # ``struct flock`` on Linux (64-bit off_t): l_type, l_whence, l_start, l_len, l_pid.
 _FLOCK = "@hhqqi4x"
 # The staging directory of a restart, its creator's pid in group 1.
 STAGING_NAME = re.compile(r"restart\.(\d+)-[0-9a-f]{8}" + re.escape(TEMP_SUFFIX))
+# How the old head.json is kept: linked (a regular file), moved (anything
+# else: a placeholder takes its place) or absent (a placeholder is written).
+HEAD_LINKED, HEAD_MOVED, HEAD_ABSENT = "linked", "moved", "absent"
 
 
 class RestartRefused(Exception):
-    """A worker still runs: ``code`` (``workers_running``, ``owner_running``)
-    and ``message``."""
+    """Refused before anything changed: ``code`` (``workers_running``,
+    ``owner_running``, ``storage_unavailable``, ``read_access_only``) and
+    ``message``, ``details`` for the error document."""
 
     def __init__(self, code: str, message: str, **details: Any):
         super().__init__(message)
         self.code, self.message, self.details = code, message, details
 
 
-# ------------------------------------------------------------- old journal --
-
-def _copy_for_reading(data_dir: str, reading_dir: str) -> Optional[str]:
-    """Copy the database and its WAL (never the originals: they stay
-    byte-identical) so SQLite may replay the WAL into the copy."""
-    copied = None
-    for suffix in ("", WAL_SUFFIX):
-        source = os.path.join(data_dir, DATABASE_NAME + suffix)
-        try:
-            if not stat.S_ISREG(os.lstat(source).st_mode):
-                continue
-        except FileNotFoundError:
-            continue
-        target = os.path.join(reading_dir, DATABASE_NAME + suffix)
-        shutil.copyfile(source, target, follow_symlinks=False)
-        if not suffix:
-            copied = target
-    return copied
+def _failure(exc: BaseException, action: str, found: Optional[str]) -> JournalUnavailable:
+    """A failure of this command's own files as ``storage_unavailable`` (never
+    the old journal's verdict: ``integrity`` stays ``found``).  A full disk, a
+    read-only mount, a permission, or an error inside the staging database."""
+    if isinstance(exc, JournalError):
+        cause = f"{exc.code}: {exc.message}"
+    else:
+        where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
+        cause = f"{getattr(exc, 'strerror', None) or exc}{where}"
+    return JournalUnavailable("storage_unavailable", f"restart-journal could not {action}: "
+                              f"{cause}", found=found, step=action)
 
 
-def last_verified_state(data_dir: str, reading_dir: str) -> dict:
-    """The longest prefix of the old database that verifies, as
-    ``{"journal_id", "checkpoint" (dict or None), "open": [(operation id,
-    started payload dict, state, reason, started seq)], "stopped" (why
-    reading stopped early, or None), "head_json" (the old head.json, decoded,
-    or its problem as text), "last_event_ns" (the last verified event's
-    time, or None), "attention": [ids of resolved operations whose late
-    outcome awaits acknowledgement]}``.  Reads copies in ``reading_dir``."""
-    state = {"journal_id": None, "checkpoint": None, "open": [], "stopped": None,
-             "head_json": _old_head(data_dir), "last_event_ns": None, "attention": []}
-    path = _copy_for_reading(data_dir, reading_dir)
-    if path is None:
-        state["stopped"] = f"no readable {DATABASE_NAME}"
-        return state
-    connection = None
+# ------------------------------------------------------------- preparing --
+
+def _prepare(data_dir: str, found: str, message: str, evidence: str,
+                        operator: dict, now_ns: int) -> dict:
+    """Steps 1 and 2's content: read the old journal, build the new one in a
+    staging folder, and return the intent (not yet written).  On failure the
+    staging folder is removed and nothing else was touched."""
+    _refuse_unusable_replaced_directory(data_dir, found)
+    staging_name = f"restart.{os.getpid()}-{uuid.uuid4().hex[:8]}{TEMP_SUFFIX}"
+    staging = os.path.join(data_dir, staging_name)
+    action = "read the old journal"
     try:
-        connection = sqlite3.connect(path, isolation_level=None)
-        metadata = dict(connection.execute("SELECT key, value FROM metadata").fetchall())
-        journal_id, schema = metadata.get("journal_id"), metadata.get("schema")
-        if not is_uuid(journal_id) or schema != SCHEMA:
-            state["stopped"] = "the database's metadata is not a crash-recovery journal's"
-            return state
-        state["journal_id"] = journal_id
-        chain = Chain(journal_id=journal_id, schema=schema, count=0,
-                      head=genesis_hash(journal_id, schema))
-        for row in connection.execute(SQL_SELECT_ROWS_AFTER, (0,)):
-            try:  # one row at a time: a failing row leaves the chain as it was
-                extend_chain(chain, [row])
-            except (IntegrityError, PossibleReuse) as exc:
-                state["stopped"] = f"seq {row[0]}: {getattr(exc, 'code', 'possible_reuse')}"
-                break
-            last_payload = row[1]
-    except sqlite3.Error as exc:
-        state["stopped"] = state["stopped"] or f"the database cannot be read ({exc})"
-        if state["journal_id"] is None:
-            return state
-    finally:
-        if connection is not None:
-            connection.close()
-    state["checkpoint"] = chain.checkpoint()
-    if chain.count:
-        stamp = json.loads(last_payload).get("timestamp_ns")
-        state["last_event_ns"] = stamp if isinstance(stamp, int) else None
-    state["open"] = [(key.decode("utf-8", "surrogatepass"), json.loads(record[0]), record[2],
-                      record[3], record[1]) for key, record in chain.open.items()]
-    state["open"].sort(key=lambda item: item[4])
-    state["attention"] = [item[0] for item in chain.late_outcomes()]
-    return state
+        os.mkdir(staging, 0o700)
+        reading = os.path.join(staging, "reading")
+        os.mkdir(reading, 0o700)
+        state = last_verified_state(data_dir, reading)
+        shutil.rmtree(reading)
+        unverified = unverified_history(state)
+        anchor = _archives_to_continue(data_dir, state)
+        stamp = datetime.datetime.fromtimestamp(now_ns / 1e9, tz=datetime.timezone.utc)
+        folder = _free_folder(data_dir, f"{REPLACED_DIRECTORY}/{stamp:%Y%m%dT%H%M%SZ}-"
+                                        f"{state['journal_id'] or 'unreadable'}")
+        record = {"journal_id": state["journal_id"], "verdict": found, "message": message[:1000],
+                  "last_verified_checkpoint": state["checkpoint"],
+                  "head_json": state["head_json"], "unverified": unverified,
+                  "late_outcomes_unacknowledged": state["attention"],
+                  "evidence_directory": folder, "archive_anchor": anchor}
+        lost = str(uuid.uuid4()) if unverified else None
+        action = "build the new journal in its staging folder"
+        after = build_new_journal(staging, record, state, evidence=evidence, operator=operator,
+                                  anchor=anchor, lost=lost, window=lost_window(
+                                      now_ns, last_event_ns=state["last_event_ns"],
+                                      created_ns=state["created_ns"],
+                                      marker_written_ns=state["marker_written_ns"]))
+        for name in NEW_NAMES:
+            fsync_file(os.path.join(staging, name))
+        fsync_directory(staging)
+        fsync_directory(data_dir)
+    except BaseException as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(exc, (OSError, JournalError)):
+            raise _failure(exc, action, found) from None
+        raise
+    head = os.path.join(data_dir, CHECKPOINT_NAME)
+    placeholder = canonical_text(checkpoint_of(
+        after["journal_id"], 0, genesis_hash(after["journal_id"])))
+    moved = [name for name in MOVED_NAMES
+             if not (anchor is not None and name == archive.ARCHIVE_DIRECTORY)]
+    return {"staging": staging_name, "evidence_directory": folder,
+            "head": (HEAD_ABSENT if not os.path.lexists(head) else
+                     HEAD_MOVED if foreign_file_type(head) else HEAD_LINKED),
+            "placeholder": placeholder, "moved": moved, "read": summary_of_state(state),
+            "evidence": evidence, "operator": operator,
+            "result": {"found": found, "replaced_journal_id": state["journal_id"],
+                       "last_verified_checkpoint": state["checkpoint"],
+                       "unverified": unverified, "evidence_directory": folder,
+                       "carried_over": [item[0] for item in state["open"]],
+                       "lost_operation": lost, "archive_anchor": anchor,
+                       "late_outcomes_unacknowledged": state["attention"],
+                       "checkpoint_after": after}}
 
 
-def _old_head(data_dir: str) -> Any:
-    """The old head.json decoded, or a text saying why it is not."""
+def _refuse_unusable_replaced_directory(data_dir: str, found: str) -> None:
+    """``replaced`` must be a real directory, or absent (it is created)."""
+    kind = foreign_file_type(os.path.join(data_dir, REPLACED_DIRECTORY))
+    if kind is None and os.path.isfile(os.path.join(data_dir, REPLACED_DIRECTORY)):
+        kind = "regular file"
+    if kind is not None and kind != "directory":
+        raise RestartRefused(
+            "storage_unavailable", f"{REPLACED_DIRECTORY} in the data directory is a {kind}, "
+            "not a directory: restart-journal keeps replaced journals there. Move it away (it "
+            "is not the plugin's), then run restart-journal again; nothing was changed",
+            directory=REPLACED_DIRECTORY, file_type=kind, found=found)
+
+
+def _free_folder(data_dir: str, folder: str) -> str:
+    """``folder``, or ``folder-2``, ``-3``, ... when taken (two restarts in one
+    second of journals whose id could not be read)."""
+    candidate, number = folder, 1
+    while os.path.lexists(os.path.join(data_dir, candidate)):
+        number += 1
+        candidate = f"{folder}-{number}"
+    return candidate
+
+
+def _archives_to_continue(data_dir: str, state: dict) -> Optional[dict]:
+    """The anchor of the newest archive the new journal continues (its event
+    1), when the old journal's verified prefix names one and every archive of
+    the chain verifies end to end now: ``show``, ``log --all``, ``verify
+    --all`` and ``verify --checkpoint`` of the new journal then reach them.
+    None otherwise (``archive/`` then moves into the evidence folder), also
+    while an archive switch was left half-done (``archive.json``)."""
+    anchor = state["anchor"]
+    if anchor is None or os.path.lexists(os.path.join(data_dir, INTENT_NAME)):
+        return None
     try:
-        return json.loads(read_regular_file(os.path.join(data_dir, CHECKPOINT_NAME)))
-    except FileNotFoundError:
-        return "absent"
-    except (OSError, ValueError, RecursionError) as exc:
-        return f"unreadable ({type(exc).__name__})"
+        archive.verify_every_archive(data_dir, anchor)
+    except JournalError:
+        return None
+    return anchor
 
 
-def unverified_history(state: dict) -> Optional[str]:
-    """Why events after the last verified state may be lost, or None when
-    ``head.json`` anchors exactly that state and every row verified."""
-    if state["stopped"]:
-        return state["stopped"]
-    if state["head_json"] != state["checkpoint"]:
-        return (f"{CHECKPOINT_NAME} does not anchor the last verified state "
-                f"(it names {json.dumps(state['head_json'], sort_keys=True)[:300]})")
+# ------------------------------------------------------------- the intent --
+
+def _intent_path(data_dir: str) -> str:
+    return os.path.join(data_dir, RESTART_INTENT_NAME)
+
+
+def pending_restart(data_dir: str) -> Optional[dict]:
+    """The intent of a restart left half-way (its staging folder still holds
+    a file of the new journal), or None (also for a ``restart.json`` that is
+    not a restart's: restart-journal says what to do with it).  Never raises."""
+    try:
+        intent = _read_intent(data_dir)
+    except (RestartRefused, OSError):
+        return None
+    if intent is None:
+        return None
+    staging = os.path.join(data_dir, intent["staging"])
+    if any(os.path.lexists(os.path.join(staging, name)) for name in NEW_NAMES):
+        return intent
     return None
 
 
-# ------------------------------------------------------------- new journal --
+_INTENT_KEYS = {"staging": str, "evidence_directory": str, "head": str, "placeholder": str,
+                "moved": list, "read": dict, "evidence": str, "operator": dict, "result": dict}
 
-def _build_new_journal(staging: str, record: dict, state: dict, lost: Optional[str],
-                       evidence: str, operator: dict, now_ns: int) -> dict:
-    """Write the new journal's events in ``staging``; returns its checkpoint."""
-    store = JournalStore(staging, busy_timeout=DEFAULT_BUSY_TIMEOUT_SECONDS, readonly=False,
-                         create=True, full_verification=False,
-                         full_verification_interval=DEFAULT_FULL_VERIFICATION_INTERVAL_SECONDS)
+
+def _read_intent(data_dir: str) -> Optional[dict]:
+    """``restart.json`` decoded and checked; None when absent, or when it is
+    not a restart's intent and no staging folder exists (then it is only
+    evidence: :func:`_keep_unrecognised_intent` moves it).  Raises
+    :class:`RestartRefused` ``restart_intent_unrecognised`` for one beside a
+    staging folder: that folder may hold another version's finished journal."""
+    path = _intent_path(data_dir)
+    if not os.path.lexists(path):
+        return None
+    intent = _recognised(path)
+    if intent is not None:
+        return intent
+    if any(STAGING_NAME.fullmatch(name) for name in os.listdir(data_dir)):
+        raise RestartRefused(
+            "restart_intent_unrecognised", f"{RESTART_INTENT_NAME} in the data directory is not "
+            "the intent of a restart this version wrote (unreadable, another shape, or naming "
+            "other folders), and a staging folder restart.*.tmp lies beside it: another "
+            "version's restart may have stopped half-way. It stays for a person: finish it with "
+            "the version that started it, or check which journal the folders hold and move "
+            f"{RESTART_INTENT_NAME} away by hand", file=RESTART_INTENT_NAME)
+    return None
+
+
+def _recognised(path: str) -> Optional[dict]:
+    """The intent at ``path`` when it has the shape this version writes."""
     try:
-        bookkeeping = str(uuid.uuid4())
-        with store.writing("started") as chain:
-            store.append(chain, {"kind": "started", "operation_id": bookkeeping,
-                                 "tool": RESTART_TOOL, "fingerprint": NO_HASH,
-                                 "args_hash": NO_HASH, "session_id": None, "tool_call_id": None,
-                                 "restarted_from": record})
-            store.append(chain, {"kind": "resolved", "operation_id": bookkeeping,
-                                 "outcome": "completed", "evidence": evidence,
-                                 "forced": False, "operator": operator})
-            for operation_id, started, old_state, reason, seq in state["open"]:
-                fields = {key: started[key] for key in (
-                    "tool", "fingerprint", "args_hash", "session_id", "tool_call_id",
-                    "timestamp_ns")}
-                store.append(chain, {"kind": "started", "operation_id": operation_id, **fields,
-                                     "carried_over": {"journal_id": state["journal_id"],
-                                                      "started_seq": seq, "state": old_state}})
-                if old_state != "pending":
-                    store.append(chain, {"kind": "uncertain", "operation_id": operation_id,
-                                         "result_hash": NO_HASH, "reason": reason})
-            if lost is not None:
-                store.append(chain, {"kind": "started", "operation_id": lost, "tool": LOST_TOOL,
-                                     "fingerprint": NO_HASH, "args_hash": NO_HASH,
-                                     "session_id": None, "tool_call_id": None,
-                                     "lost_in_crash": state["checkpoint"],
-                                     "lost_window": {"after_ns": state["last_event_ns"],
-                                                     "before_ns": now_ns}})
-                store.append(chain, {"kind": "uncertain", "operation_id": lost,
-                                     "result_hash": NO_HASH, "reason": "lost_in_crash"})
-            after = chain.checkpoint()
-    finally:
-        store.close()
-    # Fold the WAL into the file, so the database moves as one file.
-    connection = sqlite3.connect(os.path.join(staging, DATABASE_NAME), isolation_level=None)
-    try:
-        connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    finally:
-        connection.close()
-    if os.path.lexists(os.path.join(staging, DATABASE_NAME + WAL_SUFFIX)):
-        raise JournalUnavailable("storage_unavailable", "the new journal's WAL was not folded "
-                                 "into its database; nothing was switched")
-    for name in (DATABASE_NAME, MARKER_NAME, CHECKPOINT_NAME):
-        fsync_file(os.path.join(staging, name))
-    return after
+        intent = json.loads(read_regular_file(path))
+    except (OSError, ValueError, RecursionError):
+        return None
+    shaped = isinstance(intent, dict) and all(isinstance(intent.get(key), kind)
+                                              for key, kind in _INTENT_KEYS.items())
+    if (shaped and STAGING_NAME.fullmatch(intent["staging"])
+            and re.fullmatch(REPLACED_DIRECTORY + r"/[0-9A-Za-z-]+", intent["evidence_directory"])
+            and set(intent["moved"]) <= set(MOVED_NAMES)
+            and intent["head"] in (HEAD_LINKED, HEAD_MOVED, HEAD_ABSENT)):
+        return intent
+    return None
 
 
-def _switch(data_dir: str, staging: str, evidence_dir: str, placeholder: bytes) -> list:
-    """Move the old journal's files into ``evidence_dir`` and the new ones in
-    (see the module docstring for the order).  Returns the names moved.
-    ``placeholder``: written as ``head.json`` when there is none, so that at
-    no instant the directory holds nothing of a journal: that would read as a
-    fresh profile, whose gate is open."""
-    moved = []
+def _keep_unrecognised_intent(data_dir: str, intent: dict) -> None:
+    """A ``restart.json`` that is not a restart's intent (and names no staging
+    folder) goes into the new evidence folder before the new intent is
+    written in its place."""
+    path = _intent_path(data_dir)
+    if os.path.lexists(path):
+        evidence = os.path.join(data_dir, intent["evidence_directory"])
+        make_durable_directories(evidence)
+        os.rename(path, os.path.join(evidence, RESTART_INTENT_NAME))
+        _fsync_both(evidence, data_dir)
+
+
+# ------------------------------------------------------------ the switch --
+
+def _fsync_both(first: str, second: str) -> None:
+    """A rename between two directories is durable once both are fsynced."""
+    fsync_directory(first)
+    fsync_directory(second)
+
+
+def _keep_old_files(data_dir: str, intent: dict) -> None:
+    """Step 3 (idempotent): the old journal's files into the evidence folder."""
+    evidence = os.path.join(data_dir, intent["evidence_directory"])
+    make_durable_directories(evidence)
     head = os.path.join(data_dir, CHECKPOINT_NAME)
-    if os.path.lexists(head):
-        os.link(head, os.path.join(evidence_dir, CHECKPOINT_NAME), follow_symlinks=False)
-        moved.append(CHECKPOINT_NAME)
-        fsync_directory(evidence_dir)
-    else:
-        write_atomically(head, placeholder)
-    for name in MOVED_NAMES:
-        source = os.path.join(data_dir, name)
-        if os.path.lexists(source):
-            os.rename(source, os.path.join(evidence_dir, name))
-            moved.append(name)
-            reach_boundary(f"moved_{name}", "restart")
-    fsync_directory(evidence_dir)
-    fsync_directory(data_dir)
-    for name in (DATABASE_NAME, MARKER_NAME):
-        os.rename(os.path.join(staging, name), os.path.join(data_dir, name))
-        reach_boundary(f"placed_{name}", "restart")
-    os.replace(os.path.join(staging, CHECKPOINT_NAME), head)
-    fsync_directory(data_dir)
-    return moved
+    kept_head = os.path.join(evidence, CHECKPOINT_NAME)
+    if intent["head"] == HEAD_LINKED and not os.path.lexists(kept_head) \
+            and os.path.lexists(head):
+        os.link(head, kept_head, follow_symlinks=False)
+        fsync_directory(evidence)
+    elif intent["head"] == HEAD_MOVED and foreign_file_type(head) \
+            and not os.path.lexists(kept_head):
+        os.rename(head, kept_head)  # the database still names something of a journal
+        _fsync_both(evidence, data_dir)
+    if not os.path.lexists(head):
+        # Before anything else moves: never a directory that reads as fresh.
+        write_atomically(head, intent["placeholder"].encode("utf-8"))
+    reach_boundary("head_kept", "restart")
+    for name in intent["moved"]:
+        source, target = os.path.join(data_dir, name), os.path.join(evidence, name)
+        if not os.path.lexists(source):
+            continue
+        if os.path.lexists(target):
+            raise OSError(errno.EEXIST, f"{name} reappeared in the data directory after it "
+                          "was kept in the evidence folder", source)
+        os.rename(source, target)
+        _fsync_both(evidence, data_dir)
+        reach_boundary(f"moved_{name}", "restart")
 
+
+def _place_new_files(data_dir: str, intent: dict,
+                     audit: Callable[[dict], Optional[str]]) -> Optional[str]:
+    """Step 4 (idempotent): the new database and marker, the operator.log
+    line (``audit``; its problem, if any, is returned), then head.json."""
+    staging = os.path.join(data_dir, intent["staging"])
+    for name in (DATABASE_NAME, MARKER_NAME):
+        source, target = os.path.join(staging, name), os.path.join(data_dir, name)
+        if os.path.lexists(source):
+            if os.path.lexists(target):
+                raise OSError(errno.EEXIST, f"{name} appeared in the data directory during the "
+                              "restart", target)
+            os.rename(source, target)
+            _fsync_both(data_dir, staging)
+            reach_boundary(f"placed_{name}", "restart")
+    problem = audit(_result(data_dir, intent))
+    source = os.path.join(staging, CHECKPOINT_NAME)
+    if os.path.lexists(source):
+        os.replace(source, os.path.join(data_dir, CHECKPOINT_NAME))
+        _fsync_both(data_dir, staging)
+        reach_boundary("placed_head.json", "restart")
+    return problem
+
+
+def _finish(data_dir: str, intent: dict) -> None:
+    """Step 5: the intent, then the (empty) staging folder, go."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(_intent_path(data_dir))
+    fsync_directory(data_dir)
+    reach_boundary("intent_removed", "restart")
+    shutil.rmtree(os.path.join(data_dir, intent["staging"]), ignore_errors=True)
+    fsync_directory(data_dir)
+
+
+def _undo(data_dir: str, intent: dict) -> None:
+    """Step 3 backwards, before anything new was placed: every kept file back
+    where it was, the evidence folder and staging folder gone, no intent.
+    The old journal is then exactly as it was.  Raises ``OSError``."""
+    evidence = os.path.join(data_dir, intent["evidence_directory"])
+    head, kept_head = os.path.join(data_dir, CHECKPOINT_NAME), os.path.join(evidence,
+                                                                           CHECKPOINT_NAME)
+    for name in reversed(intent["moved"]):
+        source, target = os.path.join(evidence, name), os.path.join(data_dir, name)
+        if os.path.lexists(source):
+            if os.path.lexists(target):
+                raise OSError(errno.EEXIST, f"{name} cannot be put back: the data directory "
+                              "has one again", target)
+            os.rename(source, target)
+            _fsync_both(data_dir, evidence)
+    if os.path.lexists(kept_head):
+        if intent["head"] == HEAD_LINKED:
+            os.unlink(kept_head)
+        elif intent["head"] == HEAD_MOVED:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(head)  # the placeholder: the database is back in place
+            os.rename(kept_head, head)
+            _fsync_both(data_dir, evidence)
+    elif intent["head"] == HEAD_ABSENT and _holds(head, intent["placeholder"]):
+        os.unlink(head)
+    with contextlib.suppress(OSError):
+        os.rmdir(evidence)
+    fsync_directory(data_dir)
+    shutil.rmtree(os.path.join(data_dir, intent["staging"]), ignore_errors=True)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(_intent_path(data_dir))
+    fsync_directory(data_dir)
+
+
+def _holds(path: str, text: str) -> bool:
+    try:
+        return read_regular_file(path) == text.encode("utf-8")
+    except OSError:
+        return False
+
+
+def _result(data_dir: str, intent: dict, resumed: bool = False) -> dict:
+    """The command's result, the first run's whatever run finishes it;
+    ``moved``: the names kept in the evidence folder."""
+    evidence = os.path.join(data_dir, intent["evidence_directory"])
+    moved = [name for name in (CHECKPOINT_NAME, *MOVED_NAMES)
+             if os.path.lexists(os.path.join(evidence, name))]
+    return {**intent["result"], "moved": moved, "resumed": resumed,
+            "evidence": intent["evidence"], "operator": intent["operator"]}
+
+
+def _carry_out(data_dir: str, intent: dict, audit: Callable[[dict], Optional[str]],
+               resumed: bool) -> dict:
+    """Steps 3 to 5 from wherever they stand.  A failure in step 3 is undone
+    (the old journal as it was: its own verdict stays); one in step 4 leaves
+    the intent for the next run (``restart_interrupted``)."""
+    found = intent["result"]["found"]
+    staging = os.path.join(data_dir, intent["staging"])
+    if os.path.lexists(os.path.join(staging, DATABASE_NAME)):
+        try:
+            _keep_old_files(data_dir, intent)
+        except (OSError, JournalError) as exc:
+            failure = _failure(exc, "keep the old files in the evidence folder", found)
+            try:
+                _undo(data_dir, intent)
+            except OSError:
+                failure.details["found"] = "restart_interrupted"
+            raise failure from None
+    try:
+        problem = _place_new_files(data_dir, intent, audit)
+        _finish(data_dir, intent)
+    except (OSError, JournalError) as exc:
+        failure = _failure(exc, "place the new journal", "restart_interrupted")
+        raise failure from None
+    result = _result(data_dir, intent, resumed)
+    if problem:
+        result["operator_log_error"] = problem
+    return result
+
+
+def _resume(data_dir: str, intent: dict, journal_class: Callable[..., Any],
+            audit: Callable[[dict], Optional[str]]) -> Optional[dict]:
+    """Continue a restart that ``restart.json`` records; None when it was
+    undone instead (the old journal changed since it was read, or the
+    staging folder is gone), so that this run starts over."""
+    staging = os.path.join(data_dir, intent["staging"])
+    left = [name for name in NEW_NAMES if os.path.lexists(os.path.join(staging, name))]
+    if not left:
+        if _holds(os.path.join(data_dir, CHECKPOINT_NAME),
+                  canonical_text(intent["result"]["checkpoint_after"])) or os.path.isdir(staging):
+            audit(_result(data_dir, intent, True))  # written once: audit skips a repeat
+            _finish(data_dir, intent)
+            return _result(data_dir, intent, True)
+        _undo(data_dir, intent)  # the staging folder vanished with the new journal
+        return None
+    if DATABASE_NAME in left and os.path.lexists(os.path.join(data_dir, DATABASE_NAME)):
+        # Nothing moved yet: the old journal must still be what was read.
+        reading = os.path.join(staging, "reading")
+        shutil.rmtree(reading, ignore_errors=True)
+        os.mkdir(reading, 0o700)
+        try:
+            again = summary_of_state(last_verified_state(data_dir, reading))
+        finally:
+            shutil.rmtree(reading, ignore_errors=True)
+        if json.loads(canonical_text(again)) != intent["read"]:
+            _undo(data_dir, intent)
+            return None
+    return _carry_out(data_dir, intent, audit, resumed=True)
+
+
+# -------------------------------------------------------------- the guard --
 
 def _journal_open_elsewhere(data_dir: str) -> bool:
     """Whether a process has the journal open for writing, an idle worker
     too: each holds a read lock on one byte of the database far past SQLite's
     own (``storage.wal_keeper.REGISTRY_OFFSET``).  False where the platform
     has no open-file-description locks (nothing to tell by) or there is no
-    database; True when the question cannot be answered (a restart must
+    database file (none, or another kind of file there: nobody has it open
+    as a journal); True when the question cannot be answered (a restart must
     never move a journal a worker may still be using)."""
     if fcntl is None or not hasattr(fcntl, "F_OFD_GETLK"):
         return False
+    path = os.path.join(data_dir, DATABASE_NAME)
+    if foreign_file_type(path) is not None:
+        return False
     try:
-        descriptor = os.open(os.path.join(data_dir, DATABASE_NAME),
-                             os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK)
+        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK)
     except FileNotFoundError:
         return False  # no database: nobody has it open
     except OSError:
@@ -285,69 +503,72 @@ def _journal_open_elsewhere(data_dir: str) -> bool:
         os.close(descriptor)
 
 
-def _remove_dead_staging(data_dir: str) -> None:
-    """Remove the staging directories of restarts whose process died (never
-    part of a journal: the old files were moved into the evidence folder)."""
-    for name in os.listdir(data_dir):
-        match = STAGING_NAME.fullmatch(name)
-        if match and not process_alive(int(match.group(1))):
-            shutil.rmtree(os.path.join(data_dir, name), ignore_errors=True)
-
-
-def restart_journal(data_dir: str, journal_class: Callable[..., Any], *, evidence: str,
-                    operator: dict, now_ns: int) -> dict:
-    """Replace a journal that fails verification (docs/cli.md
-    §restart-journal).  Returns ``{"found", "replaced_journal_id",
-    "last_verified_checkpoint", "unverified", "evidence_directory" (relative),
-    "moved", "carried_over" (ids), "lost_operation" (id or None),
-    "checkpoint_after"}``.  Raises :class:`RestartRefused` (``owner_running``,
-    ``restart_not_applicable``) with nothing changed, or OSError /
-    :class:`JournalError` from the switch itself (the gate stays closed)."""
-    found, message = _verdict(data_dir, journal_class)
+@contextlib.contextmanager
+def _exclusive(data_dir: str) -> Iterator[None]:
+    """No worker has the journal open, and no protected call or other
+    restart runs (the owner lock, held throughout)."""
     if _journal_open_elsewhere(data_dir):
         raise RestartRefused("workers_running", "a worker of this profile still has the journal "
                              "open; stop every worker (gateway, agents, cron jobs) first")
     owner = OwnerLock(data_dir)
-    if not owner.acquire(str(uuid.uuid4())):
+    try:
+        taken = owner.acquire(str(uuid.uuid4()))
+    except OSError as exc:
+        denied = exc.errno in (errno.EACCES, errno.EPERM)
+        raise RestartRefused(
+            "read_access_only" if denied else "storage_unavailable",
+            f"restart-journal cannot take the owner lock in the data directory: "
+            f"{exc.strerror or exc}; nothing was changed"
+            + (" (run it as the user the workers run as)" if denied else "")) from None
+    if not taken:
         raise RestartRefused("owner_running", "a protected call is running in this profile; "
                              "stop every worker first")
-    _remove_dead_staging(data_dir)
-    staging = os.path.join(data_dir, f"restart.{os.getpid()}-{uuid.uuid4().hex[:8]}{TEMP_SUFFIX}")
     try:
-        os.mkdir(staging, 0o700)
-        reading = os.path.join(staging, "reading")
-        os.mkdir(reading, 0o700)
-        state = last_verified_state(data_dir, reading)
-        shutil.rmtree(reading)
-        unverified = unverified_history(state)
-        lost = str(uuid.uuid4()) if unverified else None
-        stamp = datetime.datetime.fromtimestamp(now_ns / 1e9, tz=datetime.timezone.utc)
-        folder = os.path.join(REPLACED_DIRECTORY, f"{stamp:%Y%m%dT%H%M%SZ}-"
-                                                  f"{state['journal_id'] or 'unreadable'}")
-        record = {"journal_id": state["journal_id"], "verdict": found, "message": message[:1000],
-                  "last_verified_checkpoint": state["checkpoint"],
-                  "head_json": state["head_json"], "unverified": unverified,
-                  "late_outcomes_unacknowledged": state["attention"],
-                  "evidence_directory": folder}
-        after = _build_new_journal(staging, record, state, lost, evidence, operator, now_ns)
-        evidence_dir = os.path.join(data_dir, folder)
-        os.makedirs(evidence_dir, 0o700)
-        fsync_directory(os.path.dirname(evidence_dir))
-        fsync_directory(data_dir)
-        # The new journal's genesis checkpoint: never equal to what the
-        # database holds until the real head.json replaces it.
-        placeholder = canonical_text(checkpoint_of(
-            after["journal_id"], 0, genesis_hash(after["journal_id"]))).encode("utf-8")
-        moved = _switch(data_dir, staging, evidence_dir, placeholder)
+        yield
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
         owner.release()
-    return {"found": found, "replaced_journal_id": state["journal_id"],
-            "last_verified_checkpoint": state["checkpoint"], "unverified": unverified,
-            "evidence_directory": folder, "moved": moved,
-            "carried_over": [item[0] for item in state["open"]], "lost_operation": lost,
-            "late_outcomes_unacknowledged": state["attention"],
-            "checkpoint_after": after}
+
+
+def _remove_leftovers(data_dir: str) -> None:
+    """Staging folders and temporary files no intent names: a prepare step
+    that died, never part of any journal (the owner lock is held)."""
+    for name in os.listdir(data_dir):
+        if STAGING_NAME.fullmatch(name):
+            shutil.rmtree(os.path.join(data_dir, name), ignore_errors=True)
+    remove_stale_temp_files(data_dir, (RESTART_INTENT_NAME,))
+
+
+def restart_journal(data_dir: str, journal_class: Callable[..., Any], *, evidence: str,
+                    operator: dict, now_ns: int,
+                    audit: Callable[[dict], Optional[str]]) -> dict:
+    """Replace a journal that fails verification, or finish the restart that
+    ``restart.json`` records (docs/cli.md §restart-journal).  ``audit(result)``
+    writes the operator.log line (once per restart, also across runs) and
+    returns its problem or None.  Returns ``{"found", "replaced_journal_id",
+    "last_verified_checkpoint", "unverified", "evidence_directory" (relative),
+    "moved", "carried_over" (ids), "lost_operation" (id or None),
+    "archive_anchor", "late_outcomes_unacknowledged", "checkpoint_after",
+    "resumed", "evidence", "operator"}``.  Raises :class:`RestartRefused` or
+    :class:`IntegrityError` ``restart_not_applicable`` with nothing changed,
+    :class:`JournalUnavailable` ``storage_unavailable`` for a failure of its
+    own (``found``: the journal's verdict afterwards)."""
+    with _exclusive(data_dir):
+        intent = _read_intent(data_dir)
+        if intent is not None:
+            done = _resume(data_dir, intent, journal_class, audit)
+            if done is not None:
+                return done
+        found, message = _verdict(data_dir, journal_class)
+        _remove_leftovers(data_dir)
+        intent = _prepare(data_dir, found, message, evidence, operator, now_ns)
+        try:
+            _keep_unrecognised_intent(data_dir, intent)
+            write_atomically(_intent_path(data_dir), canonical_text(intent).encode("utf-8"))
+        except (OSError, JournalError) as exc:
+            shutil.rmtree(os.path.join(data_dir, intent["staging"]), ignore_errors=True)
+            raise _failure(exc, "write its intent", found) from None
+        reach_boundary("intent_written", "restart")
+        return _carry_out(data_dir, intent, audit, resumed=False)
 
 
 def _verdict(data_dir: str, journal_class: Callable[..., Any]) -> tuple:

@@ -9,7 +9,8 @@ import unicodedata
 from typing import Any, Iterator, Optional, Sequence
 
 from ..storage.owner import OWNER_RUNNING
-from .messages import command_line, describe_age, first_waiting, iso_utc, standalone_prefix
+from .messages import (command_line, describe_age, first_waiting, iso_utc, lost_call_text,
+                       standalone_prefix)
 from .status import GATE_BUSY
 
 
@@ -98,9 +99,18 @@ def _owner_text(operation: dict) -> Optional[str]:
     return owner
 
 
+def _lost_cells(row: dict) -> dict:
+    """Table cells of an operation brought back for a lost event: its window
+    where a start time would be, its unknown session and call said so."""
+    if not row.get("lost_before"):
+        return {}
+    return {"started_at": f"lost {row.get('lost_after') or '?'}..{row['lost_before']}",
+            "session_id": "unknown", "tool_call_id": "unknown"}
+
+
 def _status_text(result: dict, header: str, prefix: Sequence[str]) -> str:
-    rows = [dict(row, age=describe_age(row["age_seconds"]), owner=_owner_text(row))
-            for row in result["unresolved"]]
+    rows = [dict(row, age=describe_age(row["age_seconds"]), owner=_owner_text(row),
+                 **_lost_cells(row)) for row in result["unresolved"]]
     in_flight = result.get("in_flight")
     lines = [header, f"gate: {result.get('gate')}" + (
         f" (a protected call is running: operation {in_flight.get('operation_id')}, pid "
@@ -119,9 +129,7 @@ def _status_text(result: dict, header: str, prefix: Sequence[str]) -> str:
             _table(rows, ("operation_id", "tool", "state", "reason", "started_at", "age",
                           "owner", "session_id", "tool_call_id", "args_hash")),
             "",
-            *(f"{row['operation_id']} stands for a call lost between "
-              f"{row.get('lost_after') or 'the journal start'} and {row['lost_before']}: check "
-              "the services for any call in that window" for row in rows
+            *(f"{row['operation_id']} stands for {lost_call_text(row)}" for row in rows
               if row.get("lost_before")),
             "next: stop every worker of this profile (owner must not be running), check the "
             "real service for this call, then record what you found:",
@@ -212,8 +220,11 @@ def render_text(command: str, result: dict, prefix: Optional[Sequence[str]] = No
         operation = dict(result["operation"], owner=_owner_text(result["operation"]))
         if "age_seconds" in operation:
             operation["age"] = describe_age(operation["age_seconds"])
+        if operation.get("lost_before"):
+            operation.update(_lost_cells(operation), lost_call=lost_call_text(operation))
+            operation.pop("started_at")
         keys = ("operation_id", "tool", "state", "reason", "outcome", "late_reason",
-                "started_at", "age",
+                "started_at", "lost_call", "recorded_at", "age",
                 "owner", "session_id", "tool_call_id", "args_hash", "fingerprint")
         width = max(map(len, keys)) + 1
         lines = [f"{(key + ':').ljust(width)} {_cell(operation.get(key))}" for key in keys

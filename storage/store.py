@@ -30,11 +30,12 @@ from .chain import Chain, PossibleReuse, apply_event
 from .database import Database, translate_sqlite_error
 from .durable import BOUNDARY_KIND_GENESIS, BOUNDARY_KIND_MARKER, DurableFiles, reach_boundary
 from .errors import AdmissionRefused, IntegrityError, JournalError, JournalUnavailable
-from .record import (KIND_ARCHIVED, SCHEMA, canonical_text, decode_payload, event_hash,
-                     genesis_hash, payload_problem)
+from .record import (CREATED_KEY, KIND_ARCHIVED, SCHEMA, canonical_text, created_time,
+                     decode_payload, event_hash, genesis_hash, payload_problem)
 from .schema import (SQL_CHECKPOINT_PASSIVE, SQL_COUNT_EVENTS, SQL_DROP_TRIGGER,
                      SQL_EMPTY_EVENTS, SQL_EMPTY_METADATA, SQL_INSERT_EVENT,
                      SQL_SELECT_EVENTS_BETWEEN, SQL_SELECT_HASH_AT, SQL_SELECT_JOURNAL_ID,
+                     SQL_SELECT_METADATA_VALUE,
                      SQL_SELECT_OPERATION_EVENTS, SQL_SELECT_PAYLOAD_AT,
                      SQL_SELECT_RAW_ROWS_BETWEEN, SQL_SELECT_ROW, SQL_VACUUM, TRIGGERS,
                      create_schema_rows, create_triggers)
@@ -100,6 +101,10 @@ class JournalStore(VerifiedSnapshots):
     def payload_at(self, seq: int) -> Optional[str]:
         """The stored payload text of event ``seq``, or None."""
         return self._one(SQL_SELECT_PAYLOAD_AT, (seq,))
+
+    def created_ns(self) -> Optional[int]:
+        """The journal's recorded creation time (``created_ns`` metadata), or None."""
+        return created_time({CREATED_KEY: self._one(SQL_SELECT_METADATA_VALUE, (CREATED_KEY,))})
 
     def mentions(self, operation_id: str, until: int) -> bool:
         """Whether any event up to ``until`` names ``operation_id`` (one scan)."""
