@@ -20,7 +20,8 @@ import urllib.parse
 from typing import Any, Optional
 
 from ..storage.chain import Chain, PossibleReuse, extend_chain
-from ..storage.durable import foreign_file_type, marker_written_ns, read_regular_file
+from ..storage.durable import (foreign_file_type, fsync_directory, marker_written_ns,
+                               read_regular_file)
 from ..storage.errors import IntegrityError
 from ..storage.record import (CHECKPOINT_NAME, DATABASE_NAME, SCHEMA, WAL_SUFFIX,
                               created_time, genesis_hash, is_uuid)
@@ -70,6 +71,10 @@ def _copy_database(directory: str, reading_dir: str) -> Optional[str]:
         return None
     copy_file(os.path.join(directory, DATABASE_NAME + WAL_SUFFIX),
               os.path.join(reading_dir, DATABASE_NAME + WAL_SUFFIX))
+    # One directory fsync, so that a crash from here on leaves both names or
+    # neither: scratch either way, but a state fewer for the crash-state
+    # explorer to enumerate (docs/persistence.md).
+    fsync_directory(reading_dir)
     return os.path.join(reading_dir, DATABASE_NAME)
 
 

@@ -57,7 +57,7 @@ from ..storage import archive
 from ..storage.chain import lost_window
 from ..storage.durable import (TEMP_SUFFIX, foreign_file_type, fsync_directory, fsync_file,
                                make_durable_directories, reach_boundary, read_regular_file,
-                               remove_stale_temp_files, write_atomically)
+                               remove_files_of_dead_processes, write_atomically)
 from ..storage.errors import IntegrityError, JournalError, JournalUnavailable
 from ..storage.owner import OwnerLock
 from ..storage.record import (CHECKPOINT_NAME, DATABASE_NAME, INTENT_NAME, MARKER_NAME,
@@ -84,6 +84,9 @@ NEW_NAMES = (DATABASE_NAME, MARKER_NAME, CHECKPOINT_NAME)
 _FLOCK = "@hhqqi4x"
 # The staging directory of a restart, its creator's pid in group 1.
 STAGING_NAME = re.compile(r"restart\.(\d+)-[0-9a-f]{8}" + re.escape(TEMP_SUFFIX))
+# The temporary files of the intent's and the placeholder's atomic replace.
+DEAD_TEMP_NAME = re.compile(r"(?:restart\.json|head\.json)\.(\d+)-[0-9a-f]{8}"
+                            + re.escape(TEMP_SUFFIX))
 # How the old head.json is kept: linked (a regular file), moved (anything
 # else: a placeholder takes its place) or absent (a placeholder is written).
 HEAD_LINKED, HEAD_MOVED, HEAD_ABSENT = "linked", "moved", "absent"
@@ -125,10 +128,12 @@ def _prepare(data_dir: str, found: str, message: str, evidence: str,
     action = "read the old journal"
     try:
         os.mkdir(staging, 0o700)
+        fsync_directory(data_dir)
         reading = os.path.join(staging, "reading")
         os.mkdir(reading, 0o700)
+        fsync_directory(staging)
         state = last_verified_state(data_dir, reading)
-        shutil.rmtree(reading)
+        _remove_scratch(reading)
         unverified = unverified_history(state)
         anchor = _archives_to_continue(data_dir, state)
         stamp = datetime.datetime.fromtimestamp(now_ns / 1e9, tz=datetime.timezone.utc)
@@ -164,6 +169,7 @@ def _prepare(data_dir: str, found: str, message: str, evidence: str,
             "head": (HEAD_ABSENT if not os.path.lexists(head) else
                      HEAD_MOVED if foreign_file_type(head) else HEAD_LINKED),
             "placeholder": placeholder, "moved": moved, "read": summary_of_state(state),
+            "old_database": os.path.lexists(os.path.join(data_dir, DATABASE_NAME)),
             "evidence": evidence, "operator": operator,
             "result": {"found": found, "replaced_journal_id": state["journal_id"],
                        "last_verified_checkpoint": state["checkpoint"],
@@ -172,6 +178,16 @@ def _prepare(data_dir: str, found: str, message: str, evidence: str,
                        "lost_operation": lost, "archive_anchor": anchor,
                        "late_outcomes_unacknowledged": state["attention"],
                        "checkpoint_after": after}}
+
+
+def _remove_scratch(reading: str) -> None:
+    """Remove the reading copies for good before the build: their directory
+    is fsynced empty, so no crash leaves a copy in the staging folder."""
+    for name in os.listdir(reading):
+        os.unlink(os.path.join(reading, name))
+    fsync_directory(reading)
+    os.rmdir(reading)
+    fsync_directory(os.path.dirname(reading))
 
 
 def _refuse_unusable_replaced_directory(data_dir: str, found: str) -> None:
@@ -237,7 +253,8 @@ def pending_restart(data_dir: str) -> Optional[dict]:
 
 
 _INTENT_KEYS = {"staging": str, "evidence_directory": str, "head": str, "placeholder": str,
-                "moved": list, "read": dict, "evidence": str, "operator": dict, "result": dict}
+                "moved": list, "read": dict, "evidence": str, "operator": dict, "result": dict,
+                "old_database": bool}
 
 
 def _read_intent(data_dir: str) -> Optional[dict]:
@@ -353,13 +370,24 @@ def _place_new_files(data_dir: str, intent: dict,
 
 
 def _finish(data_dir: str, intent: dict) -> None:
-    """Step 5: the intent, then the (empty) staging folder, go."""
+    """Step 5: the (empty) staging folder, then the intent, go: an intent
+    without its staging folder beside a placed database is a finished
+    restart (:func:`_placed`)."""
+    shutil.rmtree(os.path.join(data_dir, intent["staging"]), ignore_errors=True)
+    fsync_directory(data_dir)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(_intent_path(data_dir))
     fsync_directory(data_dir)
     reach_boundary("intent_removed", "restart")
-    shutil.rmtree(os.path.join(data_dir, intent["staging"]), ignore_errors=True)
-    fsync_directory(data_dir)
+
+
+def _placed(data_dir: str, intent: dict) -> bool:
+    """Whether the new database is in place: a database in the data
+    directory while the old one (if there was one) is in the evidence folder
+    -- the new one is placed only after every old file was moved."""
+    evidence = os.path.join(data_dir, intent["evidence_directory"])
+    return os.path.lexists(os.path.join(data_dir, DATABASE_NAME)) and (
+        not intent["old_database"] or os.path.lexists(os.path.join(evidence, DATABASE_NAME)))
 
 
 def _undo(data_dir: str, intent: dict) -> None:
@@ -420,6 +448,7 @@ def _carry_out(data_dir: str, intent: dict, audit: Callable[[dict], Optional[str
     the intent for the next run (``restart_interrupted``)."""
     found = intent["result"]["found"]
     staging = os.path.join(data_dir, intent["staging"])
+    _remove_dead_temp_files(data_dir)
     if os.path.lexists(os.path.join(staging, DATABASE_NAME)):
         try:
             _keep_old_files(data_dir, intent)
@@ -450,8 +479,7 @@ def _resume(data_dir: str, intent: dict, journal_class: Callable[..., Any],
     staging = os.path.join(data_dir, intent["staging"])
     left = [name for name in NEW_NAMES if os.path.lexists(os.path.join(staging, name))]
     if not left:
-        if _holds(os.path.join(data_dir, CHECKPOINT_NAME),
-                  canonical_text(intent["result"]["checkpoint_after"])) or os.path.isdir(staging):
+        if _placed(data_dir, intent):
             audit(_result(data_dir, intent, True))  # written once: audit skips a repeat
             _finish(data_dir, intent)
             return _result(data_dir, intent, True)
@@ -504,12 +532,14 @@ def _journal_open_elsewhere(data_dir: str) -> bool:
 
 
 @contextlib.contextmanager
-def _exclusive(data_dir: str) -> Iterator[None]:
+def _exclusive(data_dir: str, found: str) -> Iterator[None]:
     """No worker has the journal open, and no protected call or other
-    restart runs (the owner lock, held throughout)."""
+    restart runs (the owner lock, held throughout).  ``found``: the journal's
+    verdict, named by every refusal."""
     if _journal_open_elsewhere(data_dir):
         raise RestartRefused("workers_running", "a worker of this profile still has the journal "
-                             "open; stop every worker (gateway, agents, cron jobs) first")
+                             "open; stop every worker (gateway, agents, cron jobs) first",
+                             found=found)
     owner = OwnerLock(data_dir)
     try:
         taken = owner.acquire(str(uuid.uuid4()))
@@ -519,10 +549,11 @@ def _exclusive(data_dir: str) -> Iterator[None]:
             "read_access_only" if denied else "storage_unavailable",
             f"restart-journal cannot take the owner lock in the data directory: "
             f"{exc.strerror or exc}; nothing was changed"
-            + (" (run it as the user the workers run as)" if denied else "")) from None
+            + (" (run it as the user the workers run as)" if denied else ""),
+            found=found) from None
     if not taken:
         raise RestartRefused("owner_running", "a protected call is running in this profile; "
-                             "stop every worker first")
+                             "stop every worker first", found=found)
     try:
         yield
     finally:
@@ -530,12 +561,19 @@ def _exclusive(data_dir: str) -> Iterator[None]:
 
 
 def _remove_leftovers(data_dir: str) -> None:
-    """Staging folders and temporary files no intent names: a prepare step
-    that died, never part of any journal (the owner lock is held)."""
+    """Staging folders no intent names: a prepare step that died, never part
+    of any journal (the owner lock is held)."""
     for name in os.listdir(data_dir):
         if STAGING_NAME.fullmatch(name):
             shutil.rmtree(os.path.join(data_dir, name), ignore_errors=True)
-    remove_stale_temp_files(data_dir, (RESTART_INTENT_NAME,))
+    _remove_dead_temp_files(data_dir)
+
+
+def _remove_dead_temp_files(data_dir: str) -> None:
+    """Temporary files of an atomic replace that a killed restart left (the
+    intent, the placeholder head.json): only those of dead processes, since
+    this command does not hold the writer lock."""
+    remove_files_of_dead_processes(data_dir, DEAD_TEMP_NAME)
 
 
 def restart_journal(data_dir: str, journal_class: Callable[..., Any], *, evidence: str,
@@ -552,13 +590,16 @@ def restart_journal(data_dir: str, journal_class: Callable[..., Any], *, evidenc
     :class:`IntegrityError` ``restart_not_applicable`` with nothing changed,
     :class:`JournalUnavailable` ``storage_unavailable`` for a failure of its
     own (``found``: the journal's verdict afterwards)."""
-    with _exclusive(data_dir):
+    # The verdict first (it only reads), so that every refusal names it.
+    found, message = (None, "") if _read_intent(data_dir) else _verdict(data_dir, journal_class)
+    with _exclusive(data_dir, found or "restart_interrupted"):
         intent = _read_intent(data_dir)
         if intent is not None:
             done = _resume(data_dir, intent, journal_class, audit)
             if done is not None:
                 return done
-        found, message = _verdict(data_dir, journal_class)
+        if found is None:
+            found, message = _verdict(data_dir, journal_class)
         _remove_leftovers(data_dir)
         intent = _prepare(data_dir, found, message, evidence, operator, now_ns)
         try:
