@@ -464,10 +464,15 @@ def command_restart_journal(args: argparse.Namespace, data_dir: str,
                                now_ns=time.time_ns(), audit=audit)
     except RestartRefused as exc:
         raise CommandError(exc.code, exc.message, **exc.details) from None
-    with journal_class(data_dir, readonly=True, create=False) as journal:
-        unresolved = journal.status().unresolved
-    return {"ok": True, "integrity": "ok", "data_dir": data_dir,
-            **{key: value for key, value in done.items() if key not in ("evidence", "operator")},
+    shown = {key: value for key, value in done.items() if key not in ("evidence", "operator")}
+    try:
+        with journal_class(data_dir, readonly=True, create=False) as journal:
+            unresolved = journal.status().unresolved
+    except JournalError as exc:  # e.g. a disk that filled up meanwhile: the restart stands
+        raise type(exc)(exc.code, f"the journal was restarted (error.restarted), but reading it "
+                        f"afterwards failed: {exc.message}; run status once that is fixed",
+                        restarted=shown) from None
+    return {"ok": True, "integrity": "ok", "data_dir": data_dir, **shown,
             "unresolved": [operation_view(operation, data_dir) for operation in unresolved]}
 
 

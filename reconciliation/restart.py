@@ -102,17 +102,26 @@ class RestartRefused(Exception):
         self.code, self.message, self.details = code, message, details
 
 
-def _failure(exc: BaseException, action: str, found: Optional[str]) -> JournalUnavailable:
+def _failure(exc: BaseException, action: str, found: Optional[str],
+             data_dir: str) -> JournalUnavailable:
     """A failure of this command's own files as ``storage_unavailable`` (never
     the old journal's verdict: ``integrity`` stays ``found``).  A full disk, a
-    read-only mount, a permission, or an error inside the staging database."""
+    read-only mount, a permission, or an error inside the staging database
+    (SQLite may call a full disk "malformed" or an "I/O error"): the free
+    space of the data directory's file system is named (``free_bytes``)."""
     if isinstance(exc, JournalError):
         cause = f"{exc.code}: {exc.message}"
     else:
         where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
         cause = f"{getattr(exc, 'strerror', None) or exc}{where}"
+    try:
+        found_free = os.statvfs(data_dir)
+        free = found_free.f_bavail * found_free.f_frsize
+    except (OSError, AttributeError):
+        free = None
+    room = "" if free is None else f" ({free} bytes free on the data directory's file system)"
     return JournalUnavailable("storage_unavailable", f"restart-journal could not {action}: "
-                              f"{cause}", found=found, step=action)
+                              f"{cause}{room}", found=found, step=action, free_bytes=free)
 
 
 # ------------------------------------------------------------- preparing --
@@ -158,7 +167,7 @@ def _prepare(data_dir: str, found: str, message: str, evidence: str,
     except BaseException as exc:
         shutil.rmtree(staging, ignore_errors=True)
         if isinstance(exc, (OSError, JournalError)):
-            raise _failure(exc, action, found) from None
+            raise _failure(exc, action, found, data_dir) from None
         raise
     head = os.path.join(data_dir, CHECKPOINT_NAME)
     placeholder = canonical_text(checkpoint_of(
@@ -415,8 +424,9 @@ def _undo(data_dir: str, intent: dict) -> None:
             _fsync_both(data_dir, evidence)
     elif intent["head"] == HEAD_ABSENT and _holds(head, intent["placeholder"]):
         os.unlink(head)
-    with contextlib.suppress(OSError):
-        os.rmdir(evidence)
+    for empty in (evidence, os.path.dirname(evidence)):  # replaced/ too, when this left it empty
+        with contextlib.suppress(OSError):
+            os.rmdir(empty)
     fsync_directory(data_dir)
     shutil.rmtree(os.path.join(data_dir, intent["staging"]), ignore_errors=True)
     with contextlib.suppress(FileNotFoundError):
@@ -453,7 +463,7 @@ def _carry_out(data_dir: str, intent: dict, audit: Callable[[dict], Optional[str
         try:
             _keep_old_files(data_dir, intent)
         except (OSError, JournalError) as exc:
-            failure = _failure(exc, "keep the old files in the evidence folder", found)
+            failure = _failure(exc, "keep the old files in the evidence folder", found, data_dir)
             try:
                 _undo(data_dir, intent)
             except OSError:
@@ -463,7 +473,7 @@ def _carry_out(data_dir: str, intent: dict, audit: Callable[[dict], Optional[str
         problem = _place_new_files(data_dir, intent, audit)
         _finish(data_dir, intent)
     except (OSError, JournalError) as exc:
-        failure = _failure(exc, "place the new journal", "restart_interrupted")
+        failure = _failure(exc, "place the new journal", "restart_interrupted", data_dir)
         raise failure from None
     result = _result(data_dir, intent, resumed)
     if problem:
@@ -591,7 +601,12 @@ def restart_journal(data_dir: str, journal_class: Callable[..., Any], *, evidenc
     :class:`JournalUnavailable` ``storage_unavailable`` for a failure of its
     own (``found``: the journal's verdict afterwards)."""
     # The verdict first (it only reads), so that every refusal names it.
-    found, message = (None, "") if _read_intent(data_dir) else _verdict(data_dir, journal_class)
+    try:
+        pending = _read_intent(data_dir)
+    except RestartRefused as refusal:
+        refusal.details["found"] = _verdict_code(data_dir, journal_class)
+        raise
+    found, message = (None, "") if pending else _verdict(data_dir, journal_class)
     with _exclusive(data_dir, found or "restart_interrupted"):
         intent = _read_intent(data_dir)
         if intent is not None:
@@ -602,14 +617,23 @@ def restart_journal(data_dir: str, journal_class: Callable[..., Any], *, evidenc
             found, message = _verdict(data_dir, journal_class)
         _remove_leftovers(data_dir)
         intent = _prepare(data_dir, found, message, evidence, operator, now_ns)
+        reach_boundary("staged", "restart")
         try:
             _keep_unrecognised_intent(data_dir, intent)
             write_atomically(_intent_path(data_dir), canonical_text(intent).encode("utf-8"))
         except (OSError, JournalError) as exc:
             shutil.rmtree(os.path.join(data_dir, intent["staging"]), ignore_errors=True)
-            raise _failure(exc, "write its intent", found) from None
+            raise _failure(exc, "write its intent", found, data_dir) from None
         reach_boundary("intent_written", "restart")
         return _carry_out(data_dir, intent, audit, resumed=False)
+
+
+def _verdict_code(data_dir: str, journal_class: Callable[..., Any]) -> str:
+    """The journal's verdict code, ``ok`` when it verifies."""
+    try:
+        return _verdict(data_dir, journal_class)[0]
+    except JournalError as exc:
+        return exc.details.get("found", exc.code)
 
 
 def _verdict(data_dir: str, journal_class: Callable[..., Any]) -> tuple:

@@ -481,6 +481,10 @@ class Database:
         fails beside a ``-shm`` whose ``-wal`` is gone (or empty) names the cause: SQLite
         removes both together when the last connection closes, so the WAL was
         deleted under a worker (``wal_missing``, the verdict that worker gives)."""
+        if getattr(exc, "sqlite_errorname", "") in ("SQLITE_IOERR_SHMSIZE", "SQLITE_IOERR_SHMMAP"):
+            # SQLite could not size its -shm: a full disk, not a lost WAL.
+            return JournalUnavailable("storage_unavailable", f"{action}: SQLite could not size "
+                                      f"{DATABASE_NAME}{SHM_SUFFIX} ({exc}): is the disk full?")
         if (self.readonly and "i/o" in str(exc).lower()
                 and os.path.lexists(self.path + SHM_SUFFIX)
                 and file_size(self.path + WAL_SUFFIX) <= 0):  # gone (or re-made empty)

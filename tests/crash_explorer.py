@@ -665,8 +665,21 @@ def _drop_wal_sync(ops: list) -> list:
     return [op for op in ops if not (op.kind == "sync" and op.path.endswith(".sqlite3-wal"))]
 
 
+def _drop_source_dir_fsync(ops: list) -> list:
+    """Remove the fsync of the source directory that follows each rename
+    between two directories (the rename is durable only once both are)."""
+    dropped, waiting = set(), set()
+    for op in ops:
+        if op.kind == "rename" and os.path.dirname(op.path) != os.path.dirname(op.source):
+            waiting.add("dir:" + os.path.dirname(op.source))
+        elif op.kind == "sync" and op.objects[0] in waiting:
+            waiting.discard(op.objects[0])
+            dropped.add(op.index)
+    return [op for op in ops if op.index not in dropped]
+
+
 MUTANTS = {"no_dir_fsync_after_checkpoint": _drop_dir_fsync_after_checkpoint,
-           "no_wal_fsync": _drop_wal_sync}
+           "no_wal_fsync": _drop_wal_sync, "no_source_dir_fsync": _drop_source_dir_fsync}
 
 
 def mutate(ops: list, mutant: Optional[str]) -> list:

@@ -49,7 +49,7 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
-from typing import Optional
+from typing import Callable, Optional
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 if TESTS not in sys.path:
@@ -310,10 +310,10 @@ class _Checkers:
 
 
 def explore_kills(name: str, scratch: str, *, every: int = 1, jobs: int = 4,
-                  chosen: Optional[list] = None) -> dict:
+                  choose: Optional[Callable[[list], list]] = None) -> dict:
     """Kill the scenario's program before each aimed call (every ``every``-th,
-    or the indices ``chosen``); returns ``{"scenario", "targets", "killed",
-    "violations": [...], "seconds"}``."""
+    or the indices ``choose(targets)`` returns); returns ``{"scenario",
+    "targets", "killed", "violations": [...], "seconds"}``."""
     started = time.monotonic()
     saved = {key: os.environ.get(key) for key in STEADY_ENV}
     os.environ.update(STEADY_ENV)
@@ -329,7 +329,7 @@ def explore_kills(name: str, scratch: str, *, every: int = 1, jobs: int = 4,
     recording.base.write_to(recording.base_data)
     recording.base_data = scenarios.data_dir(recording.base_data)
     targets = kill_targets(recording)
-    aimed = [targets[index] for index in chosen] if chosen is not None else targets[::every]
+    aimed = [targets[index] for index in choose(targets)] if choose else targets[::every]
     codes = scenarios.documented_codes()
     checkers, violations = _Checkers(), []
 
