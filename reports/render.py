@@ -178,7 +178,12 @@ _ACTION_LINES = {
                            else "") + "; settle them before starting the workers"),
     "verify": lambda r: (f"verified: {r.get('count')} events, {r.get('unresolved_count')} "
                          f"unresolved, {r.get('attention_count')} late outcome(s)"
-                         + (", the exported checkpoint is an ancestor"
+                         + (f", the exported checkpoint is a prefix of journal "
+                            f"{(r.get('replaced') or {}).get('replaced_journal_id')}, which "
+                            f"restart-journal replaced (kept in "
+                            f"{(r.get('replaced') or {}).get('evidence_directory')})"
+                            if r.get("external_checkpoint") == "replaced_ancestor" else
+                            ", the exported checkpoint is an ancestor"
                             if r.get("external_checkpoint") else "")),
 }
 
