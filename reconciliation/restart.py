@@ -325,6 +325,21 @@ def _fsync_both(first: str, second: str) -> None:
     fsync_directory(second)
 
 
+def _move(name: str, source_dir: str, target_dir: str) -> bool:
+    """Rename ``name`` from one directory to the other, durably in both;
+    False when it is not there (moved already).  Never replaces a file:
+    ``OSError`` (EEXIST) when the target name is taken."""
+    source, target = os.path.join(source_dir, name), os.path.join(target_dir, name)
+    if not os.path.lexists(source):
+        return False
+    if os.path.lexists(target):
+        raise OSError(errno.EEXIST, f"{name} is in both {os.path.basename(source_dir)} and "
+                      f"{os.path.basename(target_dir)} (did something recreate it?)", target)
+    os.rename(source, target)
+    _fsync_both(target_dir, source_dir)
+    return True
+
+
 def _keep_old_files(data_dir: str, intent: dict) -> None:
     """Step 3 (idempotent): the old journal's files into the evidence folder."""
     evidence = os.path.join(data_dir, intent["evidence_directory"])
@@ -344,15 +359,8 @@ def _keep_old_files(data_dir: str, intent: dict) -> None:
         write_atomically(head, intent["placeholder"].encode("utf-8"))
     reach_boundary("head_kept", "restart")
     for name in intent["moved"]:
-        source, target = os.path.join(data_dir, name), os.path.join(evidence, name)
-        if not os.path.lexists(source):
-            continue
-        if os.path.lexists(target):
-            raise OSError(errno.EEXIST, f"{name} reappeared in the data directory after it "
-                          "was kept in the evidence folder", source)
-        os.rename(source, target)
-        _fsync_both(evidence, data_dir)
-        reach_boundary(f"moved_{name}", "restart")
+        if _move(name, data_dir, evidence):
+            reach_boundary(f"moved_{name}", "restart")
 
 
 def _place_new_files(data_dir: str, intent: dict,
@@ -361,13 +369,7 @@ def _place_new_files(data_dir: str, intent: dict,
     line (``audit``; its problem, if any, is returned), then head.json."""
     staging = os.path.join(data_dir, intent["staging"])
     for name in (DATABASE_NAME, MARKER_NAME):
-        source, target = os.path.join(staging, name), os.path.join(data_dir, name)
-        if os.path.lexists(source):
-            if os.path.lexists(target):
-                raise OSError(errno.EEXIST, f"{name} appeared in the data directory during the "
-                              "restart", target)
-            os.rename(source, target)
-            _fsync_both(data_dir, staging)
+        if _move(name, staging, data_dir):
             reach_boundary(f"placed_{name}", "restart")
     problem = audit(_result(data_dir, intent))
     source = os.path.join(staging, CHECKPOINT_NAME)
@@ -407,13 +409,7 @@ def _undo(data_dir: str, intent: dict) -> None:
     head, kept_head = os.path.join(data_dir, CHECKPOINT_NAME), os.path.join(evidence,
                                                                            CHECKPOINT_NAME)
     for name in reversed(intent["moved"]):
-        source, target = os.path.join(evidence, name), os.path.join(data_dir, name)
-        if os.path.lexists(source):
-            if os.path.lexists(target):
-                raise OSError(errno.EEXIST, f"{name} cannot be put back: the data directory "
-                              "has one again", target)
-            os.rename(source, target)
-            _fsync_both(data_dir, evidence)
+        _move(name, evidence, data_dir)
     if os.path.lexists(kept_head):
         if intent["head"] == HEAD_LINKED:
             os.unlink(kept_head)

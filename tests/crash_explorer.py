@@ -796,7 +796,7 @@ class Result:
                 f"{' (' + found + ')' if found else ''}, {self.seconds:.1f} s")
 
 
-class _Checkers:
+class Checkers:
     """One checker process per worker thread, closed together."""
 
     def __init__(self):
@@ -845,7 +845,7 @@ def explore(recording: Recording, *, exhaustive: bool = False, seed: int = 13,
         later = rng.sample(later, budget)
     chosen = first + later
     scratch = tempfile.mkdtemp(prefix="crash-explorer-states-", dir=FAST_TMP)
-    checkers, violations, seen = _Checkers(), [], set()
+    checkers, violations, seen = Checkers(), [], set()
 
     def check(key: str) -> tuple:
         plan = next(iter(groups[key].values()))

@@ -46,7 +46,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections import defaultdict
 from typing import Callable, Optional
@@ -291,24 +290,6 @@ def _kept(directory: str) -> dict:
     return kept
 
 
-class _Checkers:
-    """One checker process per worker thread, closed together."""
-
-    def __init__(self):
-        self.local, self.all, self.lock = threading.local(), [], threading.Lock()
-
-    def get(self) -> scenarios.CheckerProcess:
-        if not hasattr(self.local, "checker"):
-            self.local.checker = scenarios.CheckerProcess()
-            with self.lock:
-                self.all.append(self.local.checker)
-        return self.local.checker
-
-    def close(self) -> None:
-        for checker in self.all:
-            checker.close()
-
-
 def explore_kills(name: str, scratch: str, *, every: int = 1, jobs: int = 4,
                   choose: Optional[Callable[[list], list]] = None) -> dict:
     """Kill the scenario's program before each aimed call (every ``every``-th,
@@ -331,7 +312,7 @@ def explore_kills(name: str, scratch: str, *, every: int = 1, jobs: int = 4,
     targets = kill_targets(recording)
     aimed = [targets[index] for index in choose(targets)] if choose else targets[::every]
     codes = scenarios.documented_codes()
-    checkers, violations = _Checkers(), []
+    checkers, violations = explorer.Checkers(), []
 
     def one(target: tuple) -> list:
         root = tempfile.mkdtemp(dir=scratch, prefix=f"kill-{target[0]}-")

@@ -43,14 +43,20 @@ _recordings: dict = {}
 _results: dict = {}
 
 
-def setUpModule():
-    global _scratch
+def strace_scratch(prefix: str) -> str:
+    """A scratch directory for strace recordings; skips the module without
+    strace (a failure with CRASH_RECOVERY_REQUIRE_STRACE=1)."""
     problem = strace_problem()
     if problem:
         if REQUIRE_STRACE:
             raise RuntimeError(f"CRASH_RECOVERY_REQUIRE_STRACE=1 but {problem}")
         raise unittest.SkipTest(problem)
-    _scratch = tempfile.mkdtemp(prefix="crash-explorer-test-", dir=explorer.FAST_TMP)
+    return tempfile.mkdtemp(prefix=prefix, dir=explorer.FAST_TMP)
+
+
+def setUpModule():
+    global _scratch
+    _scratch = strace_scratch("crash-explorer-test-")
 
 
 def tearDownModule():

@@ -139,12 +139,18 @@ class DamagedJournal(JournalTestCase):
 class FullDisk(DamagedJournal):
     """A real full disk at each step of restart-journal."""
 
-    def test_every_failure_is_storage_unavailable_and_changes_nothing(self):
+    @contextlib.contextmanager
+    def small_disk(self):
+        """A tmpfs of TMPFS_BYTES holding the damaged journal: ``(mount point,
+        data directory, the pending operation)``."""
         mount_point = os.path.join(self.root, "disk")
         os.mkdir(mount_point)
         with mounted(self, mount_point, "-t", "tmpfs", "-o", f"size={TMPFS_BYTES}", "tmpfs"):
             data_dir = os.path.join(mount_point, "data")
-            operation = self.damage(data_dir)
+            yield mount_point, data_dir, self.damage(data_dir)
+
+    def test_every_failure_is_storage_unavailable_and_changes_nothing(self):
+        with self.small_disk() as (mount_point, data_dir, operation):
             saved = os.path.join(self.root, "saved")
             shutil.copytree(data_dir, saved)
             steps, leave = set(), 0
@@ -190,11 +196,7 @@ class FullDisk(DamagedJournal):
                "'--evidence', 'disk filled at ' + sys.argv[3]]))\n")
 
     def test_the_disk_fills_up_during_the_switch(self):
-        mount_point = os.path.join(self.root, "disk")
-        os.mkdir(mount_point)
-        with mounted(self, mount_point, "-t", "tmpfs", "-o", f"size={TMPFS_BYTES}", "tmpfs"):
-            data_dir = os.path.join(mount_point, "data")
-            operation = self.damage(data_dir)
+        with self.small_disk() as (mount_point, data_dir, operation):
             saved = os.path.join(self.root, "saved")
             shutil.copytree(data_dir, saved)
             # Before the intent: it cannot be written.  After it: the placeholder
@@ -228,11 +230,7 @@ class FullDisk(DamagedJournal):
             self.assertCarriedOver(data_dir, operation)
 
     def test_every_command_answers_one_document_on_a_full_disk(self):
-        mount_point = os.path.join(self.root, "disk")
-        os.mkdir(mount_point)
-        with mounted(self, mount_point, "-t", "tmpfs", "-o", f"size={TMPFS_BYTES}", "tmpfs"):
-            data_dir = os.path.join(mount_point, "data")
-            operation = self.damage(data_dir)
+        with self.small_disk() as (mount_point, data_dir, operation):
             code, restarted, _ = run_cli(data_dir, "restart-journal", "--evidence", EVIDENCE)
             self.assertEqual(code, 0, restarted)
             filler = fill(mount_point, 0)

@@ -18,19 +18,14 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kill_points  # noqa: E402
-from test_crash_explorer import REQUIRE_STRACE, strace_problem  # noqa: E402
+from test_crash_explorer import strace_scratch  # noqa: E402
 
 _scratch = None
 
 
 def setUpModule():
     global _scratch
-    problem = strace_problem()
-    if problem:
-        if REQUIRE_STRACE:
-            raise RuntimeError(f"CRASH_RECOVERY_REQUIRE_STRACE=1 but {problem}")
-        raise unittest.SkipTest(problem)
-    _scratch = tempfile.mkdtemp(prefix="restart-killed-test-", dir=kill_points.explorer.FAST_TMP)
+    _scratch = strace_scratch("restart-killed-test-")
 
 
 def tearDownModule():
