@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 from .admission.settings import needs_attention, settings_view
 from .journal import Journal
 from .reconciliation.commands import CommandError, run_command
-from .reconciliation.restart import pending_restart
+from .reconciliation.switch import pending_restart
 from .reports.messages import next_command, next_step, standalone_prefix, status_next_step
 from .reports.render import json_text, log_text_lines, render_text, stdout_takes_unicode
 from .reports.status import (GATE_CLOSED, absent_journal_status, note_platform_problem,

@@ -39,8 +39,8 @@ from ..storage.record import CHECKPOINT_NAME, canonical_text
 from .audit import acting_operator, log_action, read_operator_log
 from .evidence import read_evidence
 from .replaced import check_replaced_export
-from .restart import (RESTART_INTENT_NAME, RESTART_TOOL, RestartRefused, pending_restart,
-                      restart_journal)
+from .restart import RESTART_TOOL, restart_journal
+from .switch import RESTART_INTENT_NAME, RestartRefused, pending_restart
 
 logger = logging.getLogger(__name__)
 
