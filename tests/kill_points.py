@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import json
 import os
 import re
@@ -143,7 +144,10 @@ def follow_up(home: str, program: str, checker: scenarios.CheckerProcess) -> dic
     command ``status`` names, when it is not ok."""
     data = scenarios.data_dir(home)
     marker = os.path.join(os.path.dirname(home), "probe-ran")  # outside the state root
-    found = {}
+    found = {"intent": None}
+    with contextlib.suppress(OSError, ValueError):
+        with open(os.path.join(data, "restart.json"), encoding="utf-8") as stream:
+            found["intent"] = json.load(stream)  # what the killed run meant to do
     found["status"], found["probe"] = checker.run(
         [{"cli": ["--data-dir", data, "status"]}, {"probe": data, "marker": marker}])
     if os.path.exists(marker):
@@ -221,6 +225,15 @@ def evaluate(recording: explorer.Recording, target: tuple, killed: dict, found: 
     if not finished:
         problems.append(("next_step_failed", f"status said {verdict}; {scenario.program} run "
                          f"again answered {again}"))
+    if found["intent"] is not None:
+        # The rerun finishes the killed run's restart: its very result.
+        meant, done = found["intent"]["result"], _document(found["again"])
+        same = ("found", "replaced_journal_id", "last_verified_checkpoint", "evidence_directory",
+                "carried_over", "lost_operation", "archive_anchor", "checkpoint_after")
+        if done.get("resumed") is not True or any(done.get(key) != meant[key] for key in same):
+            problems.append(("not_resumed", f"restart.json meant {[meant[key] for key in same]}"
+                             f", the rerun did {[done.get(key) for key in same]} (resumed: "
+                             f"{done.get('resumed')})"))
     after, more = scenarios.cli_verdict(found["after"], codes)
     problems += [("bad_outcome", f"status after: {issue}") for issue in more]
     if after != "ok" or not found["ref"]["ok"]:

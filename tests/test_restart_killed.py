@@ -3,8 +3,8 @@ calls on the state root, then run again as docs/cli.md says (tests/kill_points.p
 the gate never opens for a call that may have run, every operation open
 before keeps its identity, the rerun finishes what the first run began.
 
-A sample within the CI budget: every call of restart-journal's switch (from
-writing ``restart.json`` on) and a spread of the others;
+A sample within the CI budget: every third call of restart-journal's switch
+(from writing ``restart.json`` on) and a spread of the others;
 ``python tests/kill_points.py`` aims at every call.  Skipped without strace
 (``CRASH_RECOVERY_REQUIRE_STRACE=1`` makes that a failure).
 """
@@ -34,10 +34,10 @@ def tearDownModule():
 
 
 def switch_sample(targets: list) -> list:
-    """Every other call from the intent's rename on, every 12th before."""
+    """Every third call from the intent's rename on, every 15th before."""
     start = next(index for index, _, _, shape in targets
                  if shape.startswith("rename(") and "restart.json\"" in shape)
-    return sorted(set(range(0, start, 12)) | set(range(start, len(targets), 2)))
+    return sorted(set(range(0, start, 15)) | set(range(start, len(targets), 3)))
 
 
 class KilledThenRunAgain(unittest.TestCase):
@@ -57,13 +57,13 @@ class KilledThenRunAgain(unittest.TestCase):
         self.check("restart", choose=switch_sample)
 
     def test_restart_journal_of_a_journal_with_a_damaged_marker(self):
-        self.check("restart_marker", every=9)
+        self.check("restart_marker", every=12)
 
     def test_repair_checkpoint_that_brings_a_lost_call_back(self):
-        self.check("repair_lost_started", every=5)
+        self.check("repair_lost_started", every=6)
 
     def test_repair_checkpoint_with_an_operation_open(self):
-        self.check("repair", every=5)
+        self.check("repair", every=6)
 
 
 if __name__ == "__main__":
