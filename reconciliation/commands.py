@@ -88,6 +88,17 @@ ERROR_HINTS = {
                         "names it): stop it; protected calls are refused until it lets go",
     "read_access_only": "this user may read the journal but not write it: run the command as "
                         "the user the workers run as (the owner of the data directory)",
+    "foreign_file": "error.file holds something else than the plugin's regular file "
+                    "(error.file_type). If you put a symbolic link there on purpose, put the real "
+                    "file back instead; otherwise stop every worker and run the `next` command "
+                    "(restart-journal): it keeps that file, untouched, as evidence",
+    "restart_interrupted": "restart-journal stopped half-way: stop every worker and run the "
+                           "`next` command (restart-journal) again; it finishes the restart the "
+                           "first run began, with the same operations carried over",
+    "checkpoint_lost_in_restart": "the restart brought back an operation of tool unknown for "
+                                  "the events it could not verify, which this export vouches "
+                                  "for: settle it (status) after checking the services in its "
+                                  "window",
 }
 
 

@@ -108,6 +108,15 @@ class RestartedJournal(JournalTestCase):
                          (late["count"] + 2, late["count"]))
         self.assertIn(" show ", error["next"])
         self.assertNotIn("restart-journal", error["next"])
+        code, _, text = run_cli(self.data_dir, "verify", "--checkpoint", path, "--format", "text")
+        self.assertEqual(text.splitlines()[:2], [
+            "error: checkpoint_lost_in_restart",
+            f"  the export anchors {late['count'] + 2} events of journal "
+            f"{self.restarted['replaced_journal_id']}, which restart-journal replaced; only its "
+            f"first {late['count']} verified then. The events after them are the ones a crash "
+            "or a damage lost: the operation of tool unknown that the restart brought back "
+            "stands for them"])
+        self.assertIn("hint: the restart brought back an operation of tool unknown", text)
 
     def test_an_export_that_disagrees_with_the_replaced_journal(self):
         with open(self.early, encoding="utf-8") as stream:

@@ -258,6 +258,10 @@ class RestartKilledMidway(WalLossCase):
         code, document, _ = run_cli(self.data_dir, "status")
         self.assertEqual((code, document["integrity"]), (1, "restart_interrupted"), document)
         self.assertIn("restart-journal", document["error"]["next"])
+        code, _, text = run_cli(self.data_dir, "status", "--format", "text")
+        self.assertEqual(text.splitlines()[0], "error: restart_interrupted")
+        self.assertIn("hint: restart-journal stopped half-way", text)
+        self.assertIn(f"next: {document['error']['next']}", text)
         restarted = self.refused_then_restarted("r9")
         tools = {operation["operation_id"]: operation["tool"]
                  for operation in self.open_operations()}
