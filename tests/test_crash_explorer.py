@@ -44,24 +44,22 @@ _results: dict = {}
 
 
 def strace_scratch(prefix: str) -> str:
-    """A scratch directory for strace recordings; skips the module without
-    strace (a failure with CRASH_RECOVERY_REQUIRE_STRACE=1)."""
+    """A scratch directory for strace recordings, removed when the module's
+    tests end; skips the module without strace (a failure with
+    CRASH_RECOVERY_REQUIRE_STRACE=1).  Call it from ``setUpModule``."""
     problem = strace_problem()
     if problem:
         if REQUIRE_STRACE:
             raise RuntimeError(f"CRASH_RECOVERY_REQUIRE_STRACE=1 but {problem}")
         raise unittest.SkipTest(problem)
-    return tempfile.mkdtemp(prefix=prefix, dir=explorer.FAST_TMP)
+    scratch = tempfile.mkdtemp(prefix=prefix, dir=explorer.FAST_TMP)
+    unittest.addModuleCleanup(shutil.rmtree, scratch, ignore_errors=True)
+    return scratch
 
 
 def setUpModule():
     global _scratch
     _scratch = strace_scratch("crash-explorer-test-")
-
-
-def tearDownModule():
-    if _scratch:
-        shutil.rmtree(_scratch, ignore_errors=True)
 
 
 def strace_problem():

@@ -11,7 +11,6 @@ A sample within the CI budget: every third call of restart-journal's switch
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import tempfile
 import unittest
@@ -26,11 +25,6 @@ _scratch = None
 def setUpModule():
     global _scratch
     _scratch = strace_scratch("restart-killed-test-")
-
-
-def tearDownModule():
-    if _scratch:
-        shutil.rmtree(_scratch, ignore_errors=True)
 
 
 def switch_sample(targets: list) -> list:
