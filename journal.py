@@ -75,13 +75,15 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
 from .storage import archive, archive_reading
+from .storage.ancestry import check_ancestor
 from .storage.call_lock import refuse_calls_out
-from .storage.chain import Chain, JournalStatus, Operation, operation_from_started, operation_key
+from .storage.chain import (Chain, JournalStatus, Operation, lost_window,
+                            operation_from_started, operation_key)
 from .storage.database import DEFAULT_BUSY_TIMEOUT_SECONDS, translate_sqlite_error
-from .storage.durable import reach_boundary, storage_error
+from .storage.durable import marker_written_ns, reach_boundary, storage_error
 from .storage.errors import AdmissionRefused, IntegrityError, JournalError, JournalUnavailable
-from .storage.record import (LOST_TOOL, OUTCOMES, STATE_PENDING, checkpoint_shape_problem,
-                             decode_payload, genesis_hash, optional_text, value_hash)
+from .storage.record import (LOST_TOOL, OUTCOMES, STATE_PENDING, decode_payload, genesis_hash,
+                             optional_text, value_hash)
 from .storage.snapshot import DEFAULT_FULL_VERIFICATION_INTERVAL_SECONDS
 from .storage.store import JournalStore
 
@@ -180,7 +182,7 @@ class Journal:
         with self._store.lock:
             chain = self._store.snapshot(full=True)
             if external_checkpoint is not None:
-                self._check_ancestor(chain, external_checkpoint)
+                check_ancestor(self.data_dir, chain, external_checkpoint, self._store.hash_at)
             return self._status_of(chain)
 
     def history(self, since: int = 0, operation_id: Optional[str] = None) -> tuple:
@@ -398,8 +400,10 @@ class Journal:
                         "kind": "started", "operation_id": lost, "tool": LOST_TOOL,
                         "fingerprint": NO_RESPONSE_HASH, "args_hash": NO_RESPONSE_HASH,
                         "session_id": None, "tool_call_id": None, "lost_in_crash": before,
-                        "lost_window": {"after_ns": self._timestamp_at(chain.count),
-                                        "before_ns": time.time_ns()}})
+                        "lost_window": lost_window(
+                            time.time_ns(), last_event_ns=self._timestamp_at(chain.count),
+                            created_ns=self._store.created_ns(),
+                            marker_written_ns=marker_written_ns(self.data_dir))})
             if lost is not None:
                 self.record_outcome(lost, uncertain=True, result_hash=NO_RESPONSE_HASH,
                                     reason="lost_in_crash")
@@ -423,7 +427,7 @@ class Journal:
         if self.readonly:
             raise JournalUnavailable("storage_unavailable", "journal opened read-only")
         with self._store.lock:
-            self._refuse_archive(self._store.snapshot())
+            archive.refuse_unsealable(self._store.snapshot())
             archive.check_directory(self.data_dir)
             archive.remove_stale_copies_of_earlier_layout(self.data_dir)  # rare: lists archive/
             temp = archive.new_copy_path(self.data_dir)
@@ -434,7 +438,7 @@ class Journal:
                     copied = archive.verify_copy(temp)
                     reach_boundary("archive_copied", "archived")
                     with self._store.writing("archived") as chain:
-                        self._refuse_archive(chain)
+                        archive.refuse_unsealable(chain)
                         refuse_calls_out(self.data_dir)
                         archive.refuse_stale_copy(copied, chain, self._hash_at(chain, copied.count))
                         final = archive.refuse_taken_name(self.data_dir, chain.journal_id)
@@ -518,16 +522,6 @@ class Journal:
         return genesis_hash(chain.journal_id, chain.schema) if seq == 0 else \
             self._store.hash_at(seq)
 
-    @staticmethod
-    def _refuse_archive(chain: Chain) -> None:
-        if chain.open or chain.attention:
-            raise AdmissionRefused("archive_refused", "an operation is unresolved or a late "
-                                   "outcome awaits acknowledgement: settle it first",
-                                   unresolved=len(chain.open), attention=len(chain.attention))
-        if chain.count <= (1 if chain.archive is not None else 0):
-            raise AdmissionRefused("archive_refused", "nothing to archive: the live segment "
-                                   "holds no event but its anchor")
-
     def _ahead_checkpoint(self, chain: Chain) -> dict:
         """head.json, when it is exactly one event ahead of ``chain``."""
         try:
@@ -604,38 +598,3 @@ class Journal:
                                    reason=closing.get("reason"))
         raise AdmissionRefused("unknown_operation", f"no operation {operation_id} in this "
                                "journal", operation_id=operation_id)
-
-    def _check_ancestor(self, chain: Chain, checkpoint: Any) -> None:
-        problem = checkpoint_shape_problem(checkpoint)
-        if problem:  # the file is malformed; the journal itself verified
-            raise AdmissionRefused("invalid_checkpoint", f"external checkpoint: {problem}")
-        if checkpoint["journal_id"] != chain.journal_id and checkpoint["schema"] == chain.schema:
-            for anchor in archive.anchors(self.data_dir, chain.archive):
-                if anchor["journal_id"] == checkpoint["journal_id"]:
-                    self._check_archived_ancestor(anchor, checkpoint)
-                    return
-        if checkpoint["journal_id"] != chain.journal_id or checkpoint["schema"] != chain.schema:
-            raise IntegrityError("checkpoint_not_ancestor",
-                                 "external checkpoint belongs to another journal or schema")
-        count = checkpoint["count"]
-        if count > chain.count:
-            raise IntegrityError("checkpoint_not_ancestor",
-                                 f"external checkpoint anchors {count} events, the journal holds "
-                                 f"{chain.count}", checkpoint_count=count, journal_count=chain.count)
-        at = (genesis_hash(chain.journal_id, chain.schema) if count == 0
-              else self._store.hash_at(count))
-        if checkpoint["head"] != at:
-            raise IntegrityError("checkpoint_not_ancestor",
-                                 f"external checkpoint head is not the hash at position {count}",
-                                 checkpoint_count=count, journal_count=chain.count)
-
-    def _check_archived_ancestor(self, anchor: dict, checkpoint: dict) -> None:
-        """An export from before an archive proves its prefix in that archive."""
-        archive.verify_archive(self.data_dir, anchor)
-        count = checkpoint["count"]
-        if count > anchor["count"] or checkpoint["head"] != (
-                genesis_hash(anchor["journal_id"], checkpoint["schema"]) if count == 0
-                else archive.hash_at(self.data_dir, anchor, count)):
-            raise IntegrityError("checkpoint_not_ancestor",
-                                 f"external checkpoint is not a prefix of archive {anchor['file']}",
-                                 checkpoint_count=count, journal_count=anchor["count"])

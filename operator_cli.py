@@ -40,12 +40,13 @@ from .admission.settings import settings_view
 from .host import hermes
 from .journal import Journal
 from .reconciliation.commands import CommandError, run_command
+from .reconciliation.switch import pending_restart
 from .reports.messages import (WRITING_COMMANDS, command_line, next_command, next_step_of,
                                standalone_prefix, status_next_step)
 from .reports.render import json_text, log_text_lines, render_text, stdout_takes_unicode
 from .reports.status import (CHECK_NEEDS_A_PERSON, absent_journal_status, check_view,
                              note_platform_problem, prometheus_text)
-from .storage.durable import read_regular_file
+from .storage.durable import read_regular_file, storage_error
 from .storage.errors import JournalError
 from .storage.record import CHECKPOINT_NAME, INTENT_NAME
 
@@ -225,10 +226,33 @@ def execute(args: argparse.Namespace, data_dir_default: Callable[[], str],
     outcome, Ctrl-C included, prints one document; the result names the next
     command (``next``)."""
     output_format, command = getattr(args, "format", "json"), getattr(args, "command", None)
-    data_dir = None
     if not stdout_takes_unicode():  # text output: escapes, never a UnicodeEncodeError
         with contextlib.suppress(AttributeError, ValueError):
             sys.stdout.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
+    data_dir = None
+    try:
+        result, exit_code, data_dir = _run(args, command, output_format, data_dir_default,
+                                           in_profile=settings is not None)
+        exit_code = _complete(args, command, result, exit_code, data_dir, prefix, settings,
+                              registered_tools)
+    except Exception as exc:  # noqa: BLE001 - one document whatever happens (docs/cli.md §Output)
+        result, exit_code = _internal_error(exc), EXIT_ERROR
+    return _print_document(args, command, output_format, result, exit_code, data_dir, prefix)
+
+
+def _internal_error(exc: BaseException) -> dict:
+    """The document of a failure nothing else names (never a traceback)."""
+    return {"ok": False, "error": {
+        "code": "internal_error", "message": f"an unexpected {type(exc).__name__} in the "
+        f"operator CLI ({str(exc)[:300]}); run status to see the journal's state"}}
+
+
+def _run(args: argparse.Namespace, command: Optional[str], output_format: str,
+         data_dir_default: Callable[[], str], *, in_profile: bool) -> tuple:
+    """The command's ``(result, exit code, data directory or None)``; a usage
+    error or Ctrl-C is a result too.  ``in_profile``: run by ``hermes
+    crash-recovery`` (the profile's own directory may simply have no journal yet)."""
+    data_dir = None
     try:
         if command is None:
             raise CommandError("usage", "a command is required (see --help)")
@@ -246,7 +270,7 @@ def execute(args: argparse.Namespace, data_dir_default: Callable[[], str],
         except KeyboardInterrupt:  # Ctrl-C: one document, no traceback
             result, ok = _interrupted(command, data_dir, before), False
         if (not ok and command == "status" and result["error"]["code"] == "journal_absent"
-                and ((settings is not None and args.data_dir is None)
+                and ((in_profile and args.data_dir is None)
                      or hermes.home_of_data_dir(data_dir) is not None
                      or read_record(data_dir) is not None)):
             # A profile's own directory (where a worker recorded its first
@@ -256,6 +280,16 @@ def execute(args: argparse.Namespace, data_dir_default: Callable[[], str],
     except CommandError as exc:  # a usage error, found before any command ran
         result, exit_code = {"ok": False, "error": {"code": exc.code, "message": exc.message,
                                                     **exc.details}}, EXIT_ERROR
+    return result, exit_code, data_dir
+
+
+def _complete(args: argparse.Namespace, command: Optional[str], result: dict, exit_code: int,
+              data_dir: Optional[str], prefix: Optional[Callable[[str], Sequence[str]]],
+              settings: Optional[Callable[[], Any]],
+              registered_tools: Optional[Callable[[], Any]]) -> int:
+    """Add what is known here to ``result`` (settings, platform, ``next``,
+    ``workers_running``, ``check``); returns the exit code (3 for ``status
+    --check`` when a person must act)."""
     if command == "status":
         shown = (operator_settings_view(settings, data_dir, registered_tools)
                  if data_dir is not None else
@@ -281,6 +315,13 @@ def execute(args: argparse.Namespace, data_dir_default: Callable[[], str],
         if (exit_code == EXIT_OK and getattr(args, "check", False)
                 and result["check"]["exit_code"] == CHECK_NEEDS_A_PERSON):
             exit_code = EXIT_ATTENTION  # a running call (gate busy) needs nobody
+    return exit_code
+
+
+def _print_document(args: argparse.Namespace, command: Optional[str], output_format: str,
+                    result: dict, exit_code: int, data_dir: Optional[str],
+                    prefix: Optional[Callable[[str], Sequence[str]]]) -> int:
+    """Print the one document (``log``: streamed); returns the exit code."""
     if command == "log" and exit_code == EXIT_OK:
         exit_code = _print_log(result, jsonl=args.jsonl, text=output_format == "text")
     elif output_format == "prometheus":
@@ -363,8 +404,14 @@ def _interrupted(command: str, data_dir: str, before: Optional[bytes]) -> dict:
     ``interrupted``): whether the journal changed, and what to run next."""
     changed = _checkpoint_bytes(data_dir) != before
     pending = os.path.lexists(os.path.join(data_dir, INTENT_NAME))
+    restarting = command == "restart-journal" and pending_restart(data_dir) is not None
     if command not in WRITING_COMMANDS:
         message = f"{command} was interrupted; it only reads, so nothing changed"
+    elif restarting:
+        message = ("restart-journal was interrupted in the middle of its switch (restart.json "
+                   "records it). Run restart-journal again: it finishes the switch with the "
+                   "journal it built, carrying over the same operations")
+        changed = True
     elif pending:
         message = ("archive was interrupted in the middle of its switch; the next writer "
                    "(any protected call, resolve, archive) finishes or undoes it. Run status")
@@ -376,12 +423,33 @@ def _interrupted(command: str, data_dir: str, before: Optional[bytes]) -> dict:
                                    "changed": changed or pending}}
 
 
+def _failures_named(events: Iterator[dict]) -> Iterator[dict]:
+    """``events``, with any failure while reading them (an ``OSError``, an
+    SQLite error, anything) raised as a :class:`JournalError`, which ends the
+    printed document with the error (so a failure of stdout itself is never
+    mistaken for one of the journal)."""
+    iterator = iter(events)
+    while True:
+        try:
+            event = next(iterator)
+        except StopIteration:
+            return
+        except (JournalError, KeyboardInterrupt):
+            raise
+        except OSError as exc:
+            raise storage_error(exc, "reading the journal") from None
+        except Exception as exc:  # noqa: BLE001 - the document still closes
+            raise JournalError("internal_error", f"an unexpected {type(exc).__name__} while "
+                               f"reading the journal ({str(exc)[:300]})") from None
+        yield event
+
+
 def _print_log(result: dict, *, jsonl: bool, text: bool) -> int:
     """Print ``log``'s events as they are read (constant memory); returns the
     exit code.  Ctrl-C ends the output as a whole: the JSON document closes
     with ``"interrupted": true``, ``--jsonl`` and text end with a last line
     saying so (docs/cli.md §log)."""
-    events: Iterator[dict] = result["events"]
+    events: Iterator[dict] = _failures_named(result["events"])
     if jsonl:
         try:
             for event in events:
@@ -451,7 +519,8 @@ def _quiet_on_closed_stdout(function: Callable[[], int]) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_ERROR
     except OSError as exc:  # stdout itself failed (a full disk): nothing to print to
-        print(f"operator_cli.py: cannot write the result: {exc.strerror or exc}",
+        print(f"operator_cli.py: the result could not be written to standard output "
+              f"({exc.strerror or exc}); the command itself ran: run status to see the journal",
               file=sys.stderr)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_ERROR

@@ -17,91 +17,39 @@ import argparse
 import json
 import os
 import re
+import shutil
+import sqlite3
 import stat
+import tempfile
 import time
 import uuid
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
-from ..reports.messages import (WRITING_COMMANDS, iso_utc, next_command, next_step_of,
-                                operation_view)
+from ..reports.hints import hint_for
+from ..reports.messages import (INTEGRITY_VERDICTS, WINDOW_START_WORDS, WRITING_COMMANDS, dated,
+                                iso_utc, next_command, next_step_of, operation_view)
 from ..reports.status import status_report
-from ..storage.durable import fsync_directory, open_regular_file, read_regular_file
-from ..storage.errors import AdmissionRefused, JournalError
+from ..storage.database import translate_sqlite_error
+from ..storage.durable import storage_error
+from ..storage.chain import operation_from_started
+from ..storage.errors import AdmissionRefused, IntegrityError, JournalError
 from ..storage.call_lock import OWNER_RUNNING, held_calls, probe_owner
+from ..storage.log_lines import plugin_logger
 from ..storage.record import CHECKPOINT_NAME, canonical_text
-from .caller import Caller, os_identity, this_process
+from .audit import acting_operator, command_caller, log_action, read_operator_log
 from .evidence import read_evidence
-from .restart import RestartRefused, restart_journal
+from .replaced import check_replaced_export
+from .restart import RESTART_TOOL, restart_journal
+from .switch import RESTART_INTENT_NAME, RestartRefused, pending_restart
+
+logger = plugin_logger(__name__)
 
 # journal.Journal: Journal(data_dir, readonly=..., create=...) is a context manager.
 JournalClass = Callable[..., Any]
 
-OPERATOR_LOG_NAME = "operator.log"
 # Evidence is stored verbatim in the journal forever; 64 KiB holds any receipt
 # or log excerpt a person would paste, and bounds what one typo can add.
 EVIDENCE_MAX_CHARS = 65536
-# Enough to re-run a verification on many past repairs, bounded so a huge log
-# cannot make `verify` slow.
-OPERATOR_LOG_MAX_LINES = 10000
-OPERATOR_LOG_MAX_BYTES = 16 * 1024 * 1024
-# The next step for a person who meets an error code (added to the error as
-# ``hint``); codes not listed need no more than their message.
-ERROR_HINTS = {
-    "checkpoint_ahead": "if the host or worker crashed while writing (the usual cause), stop "
-                        "every worker and run the `next` command (repair-checkpoint): it "
-                        "re-anchors the checkpoint to the verified database and keeps every "
-                        "open operation blocking",
-    "owner_running": "stop the worker (or wait for the call to finish), then run `status` "
-                     "again; `resolve --force` only when you know the worker can no longer "
-                     "act, and say why in --evidence",
-    "journal_absent": "no journal in this data directory, and it is not the data directory of "
-                      "a Hermes profile (<home>/plugin-data/crash-recovery beside the home's "
-                      "config.yaml): check the profile (-p PROFILE) or --data-dir you meant; "
-                      "`next` runs status on the profile's own",
-    "operation_not_open": "the operation is already settled: `show OP` prints its history",
-    "unknown_operation": "copy the operation id from `status`",
-    "repair_not_applicable": "repair-checkpoint only clears checkpoint_ahead (`found` says what "
-                             "the journal shows; `ok` needs no repair); for any other "
-                             "integrity verdict, stop every worker and run the `next` command "
-                             "(restart-journal): it keeps the broken files as evidence and "
-                             "every operation that may have run open",
-    "journal_rolled_back": "events head.json vouched for are missing: a deleted "
-                           "journal.sqlite3-wal, deleted events or an older copy restored. Stop "
-                           "every worker and run the `next` command (restart-journal): it keeps "
-                           "the broken files as evidence and every operation that may have run "
-                           "open",
-    "wal_missing": "the journal's write-ahead log (journal.sqlite3-wal) was deleted. While a "
-                   "worker still has the journal open (workers_running), it holds the deleted "
-                   "log's events, and they return to the database when it exits: stop every "
-                   "worker of the profile, then run status again. With no worker left, run the "
-                   "`next` command (restart-journal): it keeps the remaining files as evidence "
-                   "and every operation that may have run open",
-    "database_locked": "a process holds the journal's writer lock; retry in a moment. If it "
-                       "stays, look at the process named in writer_pid: protected calls are "
-                       "refused until it lets go",
-    "nothing_to_acknowledge": "`status` lists the late outcomes that need acknowledging; an "
-                              "operation that is still open is settled with `resolve`",
-    "read_access_only": "this user may read the journal but not write it: run the command as "
-                        "the user the workers run as (the owner of the data directory)",
-}
-
-
-# Hints that depend on the command that met the code: a hint names only
-# options of its own command, or of a command it names before them.
-COMMAND_HINTS = {
-    ("archive", "owner_running"): "a protected call is out: one running now, or one an operator "
-                                  "resolved whose worker still runs (status lists it under "
-                                  "resolved_running): its outcome may still be recorded. Let it "
-                                  "finish or stop that worker, then run `archive` again",
-}
-
-
-def hint_for(command: Optional[str], code: str) -> Optional[str]:
-    """The ``hint`` of an error ``code`` met by ``command`` (docs/cli.md
-    §Output), or None."""
-    return COMMAND_HINTS.get((command, code), ERROR_HINTS.get(code))
-
-
 class CommandError(Exception):
     """A refused command: ``code`` (machine-readable) and ``message``."""
 
@@ -113,6 +61,29 @@ class CommandError(Exception):
 
 
 # ------------------------------------------------------------------ helpers --
+
+def refuse_agent(command: str, args: argparse.Namespace, data_dir: str) -> None:
+    """Raise :class:`CommandError` ``run_by_agent`` when a command that changes
+    the journal comes from inside an agent of this profile (docs/cli.md §Who
+    may settle): only a person settles, from their own shell or browser."""
+    caller = command_caller(args)
+    where = ("this request came from" if caller.via == "dashboard"
+             else "it was run from")
+    if caller.problem:
+        raise CommandError("run_by_agent", f"{command} was refused: {caller.problem}, so it "
+                           "cannot be told apart from an agent of this profile. Open the "
+                           "dashboard in your own browser, or run the command from your own "
+                           "shell")
+    evidence = caller.agent_evidence(data_dir)
+    if evidence is None:
+        return
+    own = ("open the dashboard in a browser you started yourself" if caller.via == "dashboard"
+           else "run this from your own shell, not from the agent's tools")
+    raise CommandError("run_by_agent", f"{command} was refused: {where} inside an agent of "
+                       f"this profile (process {evidence.pid} {evidence.program!r} "
+                       f"{evidence.why}). Only a person settles the journal: {own}",
+                       agent=evidence.to_json())
+
 
 def _evidence(args: argparse.Namespace) -> str:
     """The checked evidence text of ``--evidence`` or ``--evidence-file``."""
@@ -184,118 +155,20 @@ def _read_checkpoint_file(path: str) -> Any:
                                                     "deeply)") from None
 
 
-def _append_operator_log(data_dir: str, entry: dict) -> Optional[str]:
-    """Append one JSON line and fsync; returns an error text instead of raising
-    (the journal event is already durable and is the source of truth)."""
-    # One action, one line, for any reader: the separators JSON leaves raw
-    # (NEL, U+2028, U+2029) break lines for many, so they are escaped too.
-    text = canonical_text(entry)
-    for separator in ("\x85", "\u2028", "\u2029"):
-        text = text.replace(separator, f"\\u{ord(separator):04x}")
-    line = (text + "\n").encode("utf-8")
-    try:
-        descriptor = open_regular_file(os.path.join(data_dir, OPERATOR_LOG_NAME),
-                                       os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-        try:
-            os.write(descriptor, line)
-            os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
-        fsync_directory(data_dir)  # the file's name, when this append created it
-    except OSError as exc:
-        return f"{OPERATOR_LOG_NAME} not written: {exc.strerror or exc}"
-    return None
-
-
-def read_operator_log(data_dir: str) -> list:
-    """Past operator actions (dicts), oldest first; unreadable lines are
-    reported as ``{"unreadable_line": N}``."""
-    path = os.path.join(data_dir, OPERATOR_LOG_NAME)
-    try:
-        lines = read_regular_file(path, OPERATOR_LOG_MAX_BYTES).splitlines()
-        lines = lines[-OPERATOR_LOG_MAX_LINES:]
-    except FileNotFoundError:
-        return []
-    except OSError as exc:
-        return [{"unreadable": str(exc)}]
-    entries = []
-    for number, line in enumerate(lines, start=1):
-        try:
-            entries.append(json.loads(line))
-        except ValueError:
-            entries.append({"unreadable_line": number})
-    return entries
-
-
-def operator_identity() -> dict:
-    """Who runs this command as far as the system knows: ``{"uid", "user",
-    "host"}`` (:func:`caller.os_identity`: the password database's name for the
-    uid, never ``$USER``)."""
-    return os_identity()
-
-
-def command_caller(args: argparse.Namespace) -> Caller:
-    """The :class:`caller.Caller` of a command: ``args.caller`` (the
-    dashboard's request peer), else this process run from a shell (``cli``)."""
-    caller = getattr(args, "caller", None)
-    return caller if isinstance(caller, Caller) else this_process()
-
-
-def acting_operator(args: argparse.Namespace) -> dict:
-    """Who acts: the caller's identity (uid, user, host, ``via``, for the
-    dashboard its request peer) plus what the caller knows of the person
-    (``args.operator_via``, e.g. the dashboard's ``{"via": "dashboard",
-    "dashboard_user": ...}``, docs/dashboard.md); recorded in the journal event
-    and in ``operator.log``."""
-    return {**command_caller(args).identity(), **(getattr(args, "operator_via", None) or {})}
-
-
-def refuse_agent(command: str, args: argparse.Namespace, data_dir: str) -> None:
-    """Raise :class:`CommandError` ``run_by_agent`` when a command that changes
-    the journal comes from inside an agent of this profile (docs/cli.md §Who
-    may settle): only a person settles, from their own shell or browser."""
-    caller = command_caller(args)
-    where = ("this request came from" if caller.via == "dashboard"
-             else "it was run from")
-    if caller.problem:
-        raise CommandError("run_by_agent", f"{command} was refused: {caller.problem}, so it "
-                           "cannot be told apart from an agent of this profile. Open the "
-                           "dashboard in your own browser, or run the command from your own "
-                           "shell")
-    evidence = caller.agent_evidence(data_dir)
-    if evidence is None:
-        return
-    own = ("open the dashboard in a browser you started yourself" if caller.via == "dashboard"
-           else "run this from your own shell, not from the agent's tools")
-    raise CommandError("run_by_agent", f"{command} was refused: {where} inside an agent of "
-                       f"this profile (process {evidence.pid} {evidence.program!r} "
-                       f"{evidence.why}). Only a person settles the journal: {own}",
-                       agent=evidence.to_json())
-
-
-def _log_action(data_dir: str, action: str, result: dict,
-                operator: Optional[dict] = None, **entry: Any) -> None:
-    """Append one ``operator.log`` line (docs/cli.md §operator.log); a failure
-    is reported in ``result`` (the journal event is the source of truth)."""
-    problem = _append_operator_log(data_dir, {
-        "time": iso_utc(time.time_ns()), "action": action,
-        "operator": operator or operator_identity(), **entry})
-    if problem:
-        result["operator_log_error"] = problem
-
-
 def _lost_event(unresolved: tuple, lost: Optional[str]) -> str:
     """What the event dropped by ``repair-checkpoint`` can have been."""
     if lost is not None:
         window = next((operation.lost_window for operation in unresolved
                        if operation.operation_id == lost), None) or {}
-        after = iso_utc(window["after_ns"]) if window.get("after_ns") else "the journal's start"
-        before = iso_utc(window["before_ns"]) if window.get("before_ns") else "this repair"
+        source = {"last_verified_event": "the last recorded event"}.get(
+            window.get("after_source"), WINDOW_START_WORDS.get(window.get("after_source"), ""))
+        after = (f"after {source} ({iso_utc(window['after_ns'])})" if window.get("after_ns")
+                 else "at a time nothing recorded bounds")
+        before = iso_utc(window["before_ns"]) if window.get("before_ns") else "now"
         return (f"possibly a started event whose tool ran: it is back as operation {lost} "
                 "(tool unknown, uncertain, reason lost_in_crash). Its call, if any, happened "
-                f"after the last recorded event ({after}) and before this repair ({before}): "
-                "check the real services for calls in that window, then resolve it like any "
-                "other")
+                f"{after} and before this repair ({before}): check the real services for calls "
+                "in that window, then resolve it like any other")
     return (f"an outcome or resolution of operation {unresolved[0].operation_id} "
             f"({unresolved[0].tool}); it stays {unresolved[0].state} and keeps blocking until "
             "an operator resolves it")
@@ -347,7 +220,7 @@ def command_show(args: argparse.Namespace, data_dir: str, journal_class: Journal
                      "tool_call_id": started.get("tool_call_id"),
                      "args_hash": started.get("args_hash"),
                      "fingerprint": started.get("fingerprint"),
-                     "started_at": iso_utc(started["timestamp_ns"]),
+                     "started_ns": started["timestamp_ns"],
                      "reason": next((event.get("reason") for event in reversed(history)
                                      if event["kind"] in ("returned", "uncertain")), None),
                      "outcome": next((event.get("outcome") for event in reversed(history)
@@ -355,6 +228,10 @@ def command_show(args: argparse.Namespace, data_dir: str, journal_class: Journal
                      "late_reason": next((event.get("reason") for event in history
                                           if event["kind"] == "late_outcome"), None),
                      "owner": None}
+        window = operation_from_started(operation_id, canonical_text(started).encode("utf-8"),
+                                        started["seq"], state=operation["state"], reason=None,
+                                        last_seq=started["seq"]).lost_window
+        operation = dated(dict(operation, **({"lost_window": window} if window else {})))
     for event in history:
         event["at"] = iso_utc(event["timestamp_ns"])
     return {"ok": True, "integrity": "ok", "data_dir": data_dir, "operation": operation,
@@ -393,11 +270,20 @@ def command_log(args: argparse.Namespace, data_dir: str, journal_class: JournalC
 
 def command_verify(args: argparse.Namespace, data_dir: str, journal_class: JournalClass) -> dict:
     """``verify [--checkpoint FILE]``: full verification, optional ancestor
-    check, past repairs."""
+    check (an export of a journal that ``restart-journal`` replaced is checked
+    against what the restart verified of it), past repairs."""
     external = _read_checkpoint_file(args.checkpoint) if args.checkpoint is not None else None
-    archives = None
+    archives, replaced = None, None
     with journal_class(data_dir, readonly=True, create=False) as journal:
-        status = journal.verify(external)
+        try:
+            status = journal.verify(external)
+        except IntegrityError as exc:
+            if exc.code != "checkpoint_not_ancestor":
+                raise
+            replaced = _replaced_ancestor(journal, data_dir, external)
+            if replaced is None:
+                raise
+            status = journal.verify()
         if args.all:
             archives = journal.verify_all()["archives"]
     repairs = [entry for entry in read_operator_log(data_dir)
@@ -405,8 +291,42 @@ def command_verify(args: argparse.Namespace, data_dir: str, journal_class: Journ
     return {"ok": True, "integrity": "ok", "data_dir": data_dir, "checkpoint": status.checkpoint,
             "count": status.checkpoint["count"], "unresolved_count": len(status.unresolved),
             "attention_count": len(status.attention),
-            "external_checkpoint": "ancestor" if external is not None else None,
-            "archives_verified": archives, "repairs": repairs}
+            "external_checkpoint": (None if external is None else
+                                    "replaced_ancestor" if replaced else "ancestor"),
+            "replaced": replaced, "archives_verified": archives, "repairs": repairs}
+
+
+def _restart_records(journal: Any) -> Iterator[tuple]:
+    """``(bookkeeping operation id, restarted_from)`` of every restart the
+    journal's verified history records, archives included (oldest first)."""
+    try:
+        archived = list(journal.archived_history())
+    except JournalError:  # an archive that fails is verify --all's finding
+        archived = []
+    _, events = journal.history()
+    for payload in [payload for _, _, payload in archived] + [payload for _, payload in events]:
+        if (payload.get("kind") == "started" and payload.get("tool") == RESTART_TOOL
+                and isinstance(payload.get("restarted_from"), dict)):
+            yield payload["operation_id"], payload["restarted_from"]
+
+
+def _replaced_ancestor(journal: Any, data_dir: str, external: dict) -> Optional[dict]:
+    """When ``external`` is an export of a journal a restart replaced: what
+    :func:`replaced.check_replaced_export` found (raises its verdicts with the
+    restart's bookkeeping operation in ``operation_id``); None otherwise."""
+    for operation_id, record in _restart_records(journal):
+        if record.get("journal_id") != external["journal_id"]:
+            continue
+        scratch = tempfile.mkdtemp(prefix="crash-recovery-verify-")  # read-only: never beside
+        try:
+            return dict(check_replaced_export(data_dir, record, external, scratch),
+                        restart_operation=operation_id)
+        except IntegrityError as exc:
+            exc.details["operation_id"] = operation_id
+            raise
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return None
 
 
 def command_checkpoint(args: argparse.Namespace, data_dir: str, journal_class: JournalClass) -> dict:
@@ -435,7 +355,7 @@ def command_resolve(args: argparse.Namespace, data_dir: str, journal_class: Jour
     result = {"ok": True, "integrity": "ok", "data_dir": data_dir, "resolved": operation_id,
               "outcome": args.outcome, "previous_state": previous.state, "tool": previous.tool,
               "checkpoint": resolution.checkpoint_after, "forced": forced}
-    _log_action(data_dir, "resolve", result, operator, operation_id=operation_id,
+    log_action(data_dir, "resolve", result, operator, operation_id=operation_id,
                 outcome=args.outcome,
                 evidence=evidence, forced=forced, owner=owner["owner"],
                 checkpoint_before=resolution.checkpoint_before,
@@ -454,7 +374,7 @@ def command_acknowledge(args: argparse.Namespace, data_dir: str, journal_class: 
     result = {"ok": True, "integrity": "ok", "data_dir": data_dir, "acknowledged": operation_id,
               "late_reason": resolution.operation.late_reason, "tool": resolution.operation.tool,
               "checkpoint": resolution.checkpoint_after}
-    _log_action(data_dir, "acknowledge", result, operator, operation_id=operation_id,
+    log_action(data_dir, "acknowledge", result, operator, operation_id=operation_id,
                 evidence=evidence,
                 late_reason=resolution.operation.late_reason,
                 checkpoint_before=resolution.checkpoint_before,
@@ -475,7 +395,7 @@ def command_repair(args: argparse.Namespace, data_dir: str, journal_class: Journ
               "lost_operation": lost,
               "unresolved": [operation_view(operation, data_dir)
                              for operation in unresolved]}
-    _log_action(data_dir, "repair-checkpoint", result, acting_operator(args), evidence=evidence,
+    log_action(data_dir, "repair-checkpoint", result, acting_operator(args), evidence=evidence,
                 checkpoint_before=before, checkpoint_after=after, lost_event=lost_event,
                 lost_operation=lost)
     return result
@@ -496,7 +416,7 @@ def command_archive(args: argparse.Namespace, data_dir: str, journal_class: Jour
     with journal_class(data_dir, create=False) as journal:
         sealed = journal.archive()
     result = {"ok": True, "integrity": "ok", "data_dir": data_dir, **sealed}
-    _log_action(data_dir, "archive", result, acting_operator(args), archived=sealed["archived"],
+    log_action(data_dir, "archive", result, acting_operator(args), archived=sealed["archived"],
                 checkpoint_before=sealed["checkpoint_before"],
                 checkpoint_after=sealed["checkpoint_after"])
     return result
@@ -509,21 +429,40 @@ def command_restart_journal(args: argparse.Namespace, data_dir: str,
     §restart-journal)."""
     evidence = _evidence(args)
     operator = acting_operator(args)
+
+    def audit(done: dict) -> Optional[str]:
+        """The operator.log line of this restart, written once (a rerun that
+        finishes it finds the line the first run wrote)."""
+        if any(entry.get("action") == "restart-journal"
+               and entry.get("checkpoint_after") == done["checkpoint_after"]
+               for entry in read_operator_log(data_dir)):
+            return None
+        logged: dict = {}
+        log_action(data_dir, "restart-journal", logged, done["operator"],
+                    evidence=done["evidence"], **{key: done[key] for key in RESTART_LOGGED})
+        return logged.get("operator_log_error")
+
     try:
         done = restart_journal(data_dir, journal_class, evidence=evidence, operator=operator,
-                               now_ns=time.time_ns())
+                               now_ns=time.time_ns(), audit=audit)
     except RestartRefused as exc:
         raise CommandError(exc.code, exc.message, **exc.details) from None
-    with journal_class(data_dir, readonly=True, create=False) as journal:
-        unresolved = journal.status().unresolved
-    result = {"ok": True, "integrity": "ok", "data_dir": data_dir, **done,
-              "unresolved": [operation_view(operation, data_dir) for operation in unresolved]}
-    _log_action(data_dir, "restart-journal", result, operator, evidence=evidence,
-                **{key: done[key] for key in ("found", "replaced_journal_id",
-                                              "last_verified_checkpoint", "unverified",
-                                              "evidence_directory", "carried_over",
-                                              "lost_operation", "checkpoint_after")})
-    return result
+    shown = {key: value for key, value in done.items() if key not in ("evidence", "operator")}
+    try:
+        with journal_class(data_dir, readonly=True, create=False) as journal:
+            unresolved = journal.status().unresolved
+    except JournalError as exc:  # e.g. a disk that filled up meanwhile: the restart stands
+        raise type(exc)(exc.code, f"the journal was restarted (error.restarted), but reading it "
+                        f"afterwards failed: {exc.message}; run status once that is fixed",
+                        restarted=shown) from None
+    return {"ok": True, "integrity": "ok", "data_dir": data_dir, **shown,
+            "unresolved": [operation_view(operation, data_dir) for operation in unresolved]}
+
+
+# The fields of a restart's result that its operator.log line repeats.
+RESTART_LOGGED = ("found", "replaced_journal_id", "last_verified_checkpoint", "unverified",
+                  "evidence_directory", "carried_over", "lost_operation", "archive_anchor",
+                  "checkpoint_after", "resumed")
 
 
 COMMANDS = {"status": command_status, "show": command_show, "log": command_log,
@@ -531,6 +470,27 @@ COMMANDS = {"status": command_status, "show": command_show, "log": command_log,
             "resolve": command_resolve, "acknowledge": command_acknowledge,
             "repair-checkpoint": command_repair, "archive": command_archive,
             "restart-journal": command_restart_journal}
+
+
+def _journal_error_document(exc: JournalError, data_dir: str) -> dict:
+    """The error document of a :class:`JournalError`: ``integrity`` is the
+    journal's verdict (``found`` when the error carries the real one, as
+    ``repair_not_applicable`` does).  While a restart is left half-way, the
+    journal's verdict is ``restart_interrupted``: its way forward is to run
+    restart-journal again, whatever the half-moved files look like."""
+    integrity, error = exc.details.get("found", exc.code), exc.to_json()
+    if integrity in INTEGRITY_VERDICTS and integrity != "restart_interrupted" \
+            and pending_restart(data_dir) is not None:
+        if error["code"] == integrity:
+            error = {"code": "restart_interrupted", "message": (
+                f"restart-journal was interrupted half-way ({RESTART_INTENT_NAME} records it; "
+                f"the files left read as {integrity}): run it again, it finishes the switch with "
+                "the journal it built, carrying over the same operations"),
+                "found": integrity}
+        else:
+            error["found"] = "restart_interrupted"
+        integrity = "restart_interrupted"
+    return {"ok": False, "integrity": integrity, "error": error}
 
 
 def run_command(command: "str | Callable[..., dict]", args: argparse.Namespace, data_dir: str,
@@ -547,14 +507,24 @@ def run_command(command: "str | Callable[..., dict]", args: argparse.Namespace, 
         return function(args, data_dir, journal_class), True
     except CommandError as exc:
         result = {"ok": False, "error": {"code": exc.code, "message": exc.message, **exc.details}}
+        if "found" in exc.details:
+            result["integrity"] = exc.details["found"]
     except AdmissionRefused as exc:
         # The journal verified; the request itself was refused (e.g. already resolved).
         result = {"ok": False, "integrity": "ok", "error": exc.to_json()}
     except JournalError as exc:
-        # repair_not_applicable carries the state it found (``found``), which is
-        # the journal's real integrity.
-        result = {"ok": False, "integrity": exc.details.get("found", exc.code),
-                  "error": exc.to_json()}
+        result = _journal_error_document(exc, data_dir)
+    except OSError as exc:  # the command's own file work: a full disk, a read-only mount
+        result = _journal_error_document(storage_error(exc, "running the command"), data_dir)
+    except sqlite3.Error as exc:
+        result = _journal_error_document(translate_sqlite_error(exc, "running the command"),
+                                         data_dir)
+    except Exception as exc:  # noqa: BLE001 - one document whatever happens (docs/cli.md §Output)
+        logger.error("crash-recovery: the operator command failed unexpectedly: %s: %s",
+                     type(exc).__name__, exc)
+        result = {"ok": False, "error": {
+            "code": "internal_error", "message": f"an unexpected {type(exc).__name__} inside "
+            f"the command ({str(exc)[:300]}); run status to see the journal's state"}}
     hint = hint_for(command if isinstance(command, str) else None, result["error"]["code"])
     if hint:
         result["error"]["hint"] = hint

@@ -5,326 +5,388 @@ A journal that fails verification refuses every protected call for good; most
 verdicts have no repair, because nobody can tell which events are missing.
 This command keeps the broken files untouched as evidence, moved into
 ``replaced/<UTC time>-<journal id>/`` inside the data directory, and starts a
-new journal that
+new journal that records what it replaced, carries over, still open, every
+operation open in the old journal's last verified state (same id, tool,
+session, call id, hashes and start time), brings back one open operation (tool
+``unknown``, reason ``lost_in_crash``) when later events may be lost, and
+continues the old journal's archives when they verify.
 
-* records what it replaced: event 1 is a ``started`` of a bookkeeping
-  operation (tool :data:`RESTART_TOOL`) with the field ``restarted_from``
-  (old journal id, its last verified checkpoint, the old ``head.json``, the
-  verdict, the evidence folder), closed at once by a ``resolved`` holding the
-  operator's evidence;
-* carries over, still open, every operation that was open in the old
-  journal's last verified state (same id, tool, hashes and start time; the
-  extra field ``carried_over``), so the gate never opens for a call that may
-  have run;
-* brings back one open operation (tool ``unknown``, ``uncertain``, reason
-  ``lost_in_crash``) when events after that state may be lost.
+It is a recorded procedure, like the archive switch:
 
-The switch keeps the gate closed at every instant, a crash included: the old
-``head.json`` is kept by a hard link first (or, when there is none, a
-placeholder naming the new journal is written, so the directory never looks
-like a fresh profile), the old database is moved next (what remains reads
-``missing_database``), and the new ``head.json`` replaces the old one last.
-Nothing is deleted.
+1. *prepare* -- read the old journal from copies, build the new one complete
+   in a staging folder ``restart.<pid>-<hex>.tmp/``, make it durable.  The
+   journal's files are untouched; a failure or a crash leaves garbage the next
+   run removes.
+2. *intent* -- ``restart.json`` names the staging and evidence folders and
+   holds the whole result; written durably before anything is moved.
+3. *keep* -- the old ``head.json`` is linked into the evidence folder (an odd
+   file there is moved and a placeholder naming the new journal takes its
+   place), then the old files are moved, the database first; every rename is
+   made durable in both directories before the next.
+4. *place* -- the new database and marker are renamed out of the staging
+   folder, the line of ``operator.log`` is written, and the new ``head.json``
+   replaces the old one last: from then on the new journal is the journal.
+5. *finish* -- the empty staging folder, then ``restart.json``, are removed.
+
+Steps 3 to 5 and the intent are reconciliation/switch.py.
+
+At every instant the data directory holds something of a journal (never a
+fresh profile, whose gate is open), and reads as an integrity verdict until
+step 4 ends.  A run that finds ``restart.json`` continues from wherever the
+last one stopped, with the journal the first one built: the same operations,
+the same result.  A failure in step 3 (a full disk) moves everything back.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
 import re
 import shutil
-import sqlite3
-import stat
 import uuid
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from ..reports.messages import INTEGRITY_VERDICTS
-from ..storage.archive import ARCHIVE_DIRECTORY
-from ..storage.chain import Chain, PossibleReuse, extend_chain
+from ..storage import archive
+from ..storage.chain import lost_window
 from ..storage.database import DEFAULT_BUSY_TIMEOUT_SECONDS
-from ..storage.durable import (PRIVATE_DIRECTORY_MODE, PRIVATE_FILE_MODE, TEMP_SUFFIX,
-                               fsync_directory, fsync_file, process_alive, reach_boundary,
-                               read_regular_file, write_atomically)
+from ..storage.durable import (PRIVATE_DIRECTORY_MODE, TEMP_SUFFIX, foreign_file_type, fsync_directory, fsync_file,
+                               reach_boundary, remove_files_of_dead_processes, write_atomically)
 from ..storage.errors import IntegrityError, JournalError, JournalUnavailable
 from ..storage.call_lock import held_calls
-from ..storage.record import (CHECKPOINT_NAME, DATABASE_NAME, INTENT_NAME, LOST_TOOL, MARKER_NAME,
-                              SCHEMA, SHM_SUFFIX, WAL_SUFFIX, canonical_text, checkpoint_of,
-                              genesis_hash, is_uuid, value_hash)
-from ..storage.schema import SQL_SELECT_ROWS_AFTER
-from ..storage.snapshot import DEFAULT_FULL_VERIFICATION_INTERVAL_SECONDS
-from ..storage.store import JournalStore
+from ..storage.head_lock import HeadLock
+from ..storage.record import (CHECKPOINT_NAME, DATABASE_NAME, INTENT_NAME, canonical_text,
+                              checkpoint_of, genesis_hash)
 from ..storage.wal_keeper import SUPPORTED as WAL_KEEPER_SUPPORTED, journal_open_elsewhere
+from .building import RESTART_TOOL, build_new_journal
+from .replaced import last_verified_state, summary_of_state, unverified_history
+from .switch import (HEAD_ABSENT, HEAD_LINKED, HEAD_MOVED, MOVED_NAMES, NEW_NAMES,
+                     REPLACED_DIRECTORY, STAGING_NAME, RestartRefused, finish, intent_path,
+                     keep_old_files, keep_unrecognised_intent, place_new_files, placed,
+                     read_intent, result_of, undo)
 
-# The tool name of the bookkeeping operation that opens a restarted journal.
-RESTART_TOOL = "crash-recovery.restart-journal"
-# Where replaced journals are kept, inside the data directory.
-REPLACED_DIRECTORY = "replaced"
-# Moved in this order: the database first, so that whatever a crash leaves
-# behind reads as missing_database (closed), never as a fresh profile.
-MOVED_NAMES = (DATABASE_NAME, DATABASE_NAME + WAL_SUFFIX, DATABASE_NAME + SHM_SUFFIX,
-               MARKER_NAME, INTENT_NAME, ARCHIVE_DIRECTORY)
-NO_HASH = value_hash(None)
-# The staging directory of a restart, its creator's pid in group 1.
-STAGING_NAME = re.compile(r"restart\.(\d+)-[0-9a-f]{8}" + re.escape(TEMP_SUFFIX))
+__all__ = ["RESTART_TOOL", "restart_journal"]
 
-
-class RestartRefused(Exception):
-    """A worker still runs: ``code`` (``workers_running``, ``owner_running``)
-    and ``message``."""
-
-    def __init__(self, code: str, message: str, **details: Any):
-        super().__init__(message)
-        self.code, self.message, self.details = code, message, details
+# The temporary files of the intent's and the placeholder's atomic replace.
+DEAD_TEMP_NAME = re.compile(r"(?:restart\.json|head\.json)\.(\d+)-[0-9a-f]{8}"
+                            + re.escape(TEMP_SUFFIX))
 
 
-# ------------------------------------------------------------- old journal --
-
-def _copy_for_reading(data_dir: str, reading_dir: str) -> Optional[str]:
-    """Copy the database and its WAL (never the originals: they stay
-    byte-identical) so SQLite may replay the WAL into the copy."""
-    copied = None
-    for suffix in ("", WAL_SUFFIX):
-        source = os.path.join(data_dir, DATABASE_NAME + suffix)
-        try:
-            if not stat.S_ISREG(os.lstat(source).st_mode):
-                continue
-        except FileNotFoundError:
-            continue
-        target = os.path.join(reading_dir, DATABASE_NAME + suffix)
-        shutil.copyfile(source, target, follow_symlinks=False)
-        os.chmod(target, PRIVATE_FILE_MODE)
-        if not suffix:
-            copied = target
-    return copied
-
-
-def last_verified_state(data_dir: str, reading_dir: str) -> dict:
-    """The longest prefix of the old database that verifies, as
-    ``{"journal_id", "checkpoint" (dict or None), "open": [(operation id,
-    started payload dict, state, reason, started seq)], "stopped" (why
-    reading stopped early, or None), "head_json" (the old head.json, decoded,
-    or its problem as text), "last_event_ns" (the last verified event's
-    time, or None), "attention": [ids of resolved operations whose late
-    outcome awaits acknowledgement]}``.  Reads copies in ``reading_dir``."""
-    state = {"journal_id": None, "checkpoint": None, "open": [], "stopped": None,
-             "head_json": _old_head(data_dir), "last_event_ns": None, "attention": []}
-    path = _copy_for_reading(data_dir, reading_dir)
-    if path is None:
-        state["stopped"] = f"no readable {DATABASE_NAME}"
-        return state
-    connection = None
-    try:
-        connection = sqlite3.connect(path, isolation_level=None)
-        metadata = dict(connection.execute("SELECT key, value FROM metadata").fetchall())
-        journal_id, schema = metadata.get("journal_id"), metadata.get("schema")
-        if not is_uuid(journal_id) or schema != SCHEMA:
-            state["stopped"] = "the database's metadata is not a crash-recovery journal's"
-            return state
-        state["journal_id"] = journal_id
-        chain = Chain(journal_id=journal_id, schema=schema, count=0,
-                      head=genesis_hash(journal_id, schema))
-        for row in connection.execute(SQL_SELECT_ROWS_AFTER, (0,)):
-            try:  # one row at a time: a failing row leaves the chain as it was
-                extend_chain(chain, [row])
-            except (IntegrityError, PossibleReuse) as exc:
-                state["stopped"] = f"seq {row[0]}: {getattr(exc, 'code', 'possible_reuse')}"
-                break
-            last_payload = row[1]
-    except sqlite3.Error as exc:
-        state["stopped"] = state["stopped"] or f"the database cannot be read ({exc})"
-        if state["journal_id"] is None:
-            return state
-    finally:
-        if connection is not None:
-            connection.close()
-    state["checkpoint"] = chain.checkpoint()
-    if chain.count:
-        stamp = json.loads(last_payload).get("timestamp_ns")
-        state["last_event_ns"] = stamp if isinstance(stamp, int) else None
-    state["open"] = [(key.decode("utf-8", "surrogatepass"), json.loads(record[0]), record[2],
-                      record[3], record[1]) for key, record in chain.open.items()]
-    state["open"].sort(key=lambda item: item[4])
-    state["attention"] = [item[0] for item in chain.late_outcomes()]
-    return state
-
-
-def _old_head(data_dir: str) -> Any:
-    """The old head.json decoded, or a text saying why it is not."""
-    try:
-        return json.loads(read_regular_file(os.path.join(data_dir, CHECKPOINT_NAME)))
-    except FileNotFoundError:
-        return "absent"
-    except (OSError, ValueError, RecursionError) as exc:
-        return f"unreadable ({type(exc).__name__})"
-
-
-def unverified_history(state: dict) -> Optional[str]:
-    """Why events after the last verified state may be lost, or None when
-    ``head.json`` anchors exactly that state and every row verified."""
-    if state["stopped"]:
-        return state["stopped"]
-    if state["head_json"] != state["checkpoint"]:
-        return (f"{CHECKPOINT_NAME} does not anchor the last verified state "
-                f"(it names {json.dumps(state['head_json'], sort_keys=True)[:300]})")
-    return None
-
-
-# ------------------------------------------------------------- new journal --
-
-def _build_new_journal(staging: str, record: dict, state: dict, lost: Optional[str],
-                       evidence: str, operator: dict, now_ns: int) -> dict:
-    """Write the new journal's events in ``staging``; returns its checkpoint."""
-    store = JournalStore(staging, busy_timeout=DEFAULT_BUSY_TIMEOUT_SECONDS, readonly=False,
-                         create=True, full_verification=False,
-                         full_verification_interval=DEFAULT_FULL_VERIFICATION_INTERVAL_SECONDS)
-    try:
-        bookkeeping = str(uuid.uuid4())
-        with store.writing("started") as chain:
-            store.append(chain, {"kind": "started", "operation_id": bookkeeping,
-                                 "tool": RESTART_TOOL, "fingerprint": NO_HASH,
-                                 "args_hash": NO_HASH, "session_id": None, "tool_call_id": None,
-                                 "restarted_from": record})
-            store.append(chain, {"kind": "resolved", "operation_id": bookkeeping,
-                                 "outcome": "completed", "evidence": evidence,
-                                 "forced": False, "operator": operator})
-            for operation_id, started, old_state, reason, seq in state["open"]:
-                fields = {key: started[key] for key in (
-                    "tool", "fingerprint", "args_hash", "session_id", "tool_call_id",
-                    "timestamp_ns")}
-                store.append(chain, {"kind": "started", "operation_id": operation_id, **fields,
-                                     "carried_over": {"journal_id": state["journal_id"],
-                                                      "started_seq": seq, "state": old_state}})
-                if old_state != "pending":
-                    store.append(chain, {"kind": "uncertain", "operation_id": operation_id,
-                                         "result_hash": NO_HASH, "reason": reason})
-            if lost is not None:
-                store.append(chain, {"kind": "started", "operation_id": lost, "tool": LOST_TOOL,
-                                     "fingerprint": NO_HASH, "args_hash": NO_HASH,
-                                     "session_id": None, "tool_call_id": None,
-                                     "lost_in_crash": state["checkpoint"],
-                                     "lost_window": {"after_ns": state["last_event_ns"],
-                                                     "before_ns": now_ns}})
-                store.append(chain, {"kind": "uncertain", "operation_id": lost,
-                                     "result_hash": NO_HASH, "reason": "lost_in_crash"})
-            after = chain.checkpoint()
-    finally:
-        store.close()
-    # Fold the WAL into the file, so the database moves as one file.
-    connection = sqlite3.connect(os.path.join(staging, DATABASE_NAME), isolation_level=None)
-    try:
-        connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    finally:
-        connection.close()
-    if os.path.lexists(os.path.join(staging, DATABASE_NAME + WAL_SUFFIX)):
-        raise JournalUnavailable("storage_unavailable", "the new journal's WAL was not folded "
-                                 "into its database; nothing was switched")
-    for name in (DATABASE_NAME, MARKER_NAME, CHECKPOINT_NAME):
-        fsync_file(os.path.join(staging, name))
-    return after
-
-
-def _switch(data_dir: str, staging: str, evidence_dir: str, placeholder: bytes) -> list:
-    """Move the old journal's files into ``evidence_dir`` and the new ones in
-    (see the module docstring for the order).  Returns the names moved.
-    ``placeholder``: written as ``head.json`` when there is none, so that at
-    no instant the directory holds nothing of a journal: that would read as a
-    fresh profile, whose gate is open."""
-    moved = []
-    head = os.path.join(data_dir, CHECKPOINT_NAME)
-    if os.path.lexists(head):
-        os.link(head, os.path.join(evidence_dir, CHECKPOINT_NAME), follow_symlinks=False)
-        moved.append(CHECKPOINT_NAME)
-        fsync_directory(evidence_dir)
+def _failure(exc: BaseException, action: str, found: Optional[str],
+             data_dir: str) -> JournalUnavailable:
+    """A failure of this command's own files as ``storage_unavailable`` (never
+    the old journal's verdict: ``integrity`` stays ``found``).  A full disk, a
+    read-only mount, or an error inside the staging database (SQLite may call
+    a full disk "malformed" or an "I/O error"): the free space of the data
+    directory's file system is named (``free_bytes``); a permission denied is
+    ``read_access_only``."""
+    if isinstance(exc, JournalError):
+        cause = f"{exc.code}: {exc.message}"
     else:
-        write_atomically(head, placeholder)
-    for name in MOVED_NAMES:
-        source = os.path.join(data_dir, name)
-        if os.path.lexists(source):
-            os.rename(source, os.path.join(evidence_dir, name))
-            moved.append(name)
-            reach_boundary(f"moved_{name}", "restart")
-    fsync_directory(evidence_dir)
-    fsync_directory(data_dir)
-    for name in (DATABASE_NAME, MARKER_NAME):
-        os.rename(os.path.join(staging, name), os.path.join(data_dir, name))
-        reach_boundary(f"placed_{name}", "restart")
-    os.replace(os.path.join(staging, CHECKPOINT_NAME), head)
-    fsync_directory(data_dir)
-    return moved
-
-
-def _journal_open_elsewhere(data_dir: str) -> bool:
-    """Whether a process has the journal open (a worker of ours, idle or not,
-    or any other SQLite connection: :func:`wal_keeper.journal_open_elsewhere`).
-    True when the question cannot be answered where it can be asked (a
-    restart must never move a journal a worker may still be using); False
-    where the platform has no open-file-description locks."""
-    found = journal_open_elsewhere(os.path.join(data_dir, DATABASE_NAME))
-    return bool(found) if found is not None or not WAL_KEEPER_SUPPORTED else True
-
-
-def _remove_dead_staging(data_dir: str) -> None:
-    """Remove the staging directories of restarts whose process died (never
-    part of a journal: the old files were moved into the evidence folder)."""
-    for name in os.listdir(data_dir):
-        match = STAGING_NAME.fullmatch(name)
-        if match and not process_alive(int(match.group(1))):
-            shutil.rmtree(os.path.join(data_dir, name), ignore_errors=True)
-
-
-def restart_journal(data_dir: str, journal_class: Callable[..., Any], *, evidence: str,
-                    operator: dict, now_ns: int) -> dict:
-    """Replace a journal that fails verification (docs/cli.md
-    §restart-journal).  Returns ``{"found", "replaced_journal_id",
-    "last_verified_checkpoint", "unverified", "evidence_directory" (relative),
-    "moved", "carried_over" (ids), "lost_operation" (id or None),
-    "checkpoint_after"}``.  Raises :class:`RestartRefused` (``owner_running``,
-    ``restart_not_applicable``) with nothing changed, or OSError /
-    :class:`JournalError` from the switch itself (the gate stays closed)."""
-    found, message = _verdict(data_dir, journal_class)
-    if _journal_open_elsewhere(data_dir):
-        raise RestartRefused("workers_running", "a worker of this profile still has the journal "
-                             "open; stop every worker (gateway, agents, cron jobs) first")
-    if held_calls(data_dir):
-        raise RestartRefused("owner_running", "a protected call is running in this profile; "
-                             "stop every worker first")
-    _remove_dead_staging(data_dir)
-    staging = os.path.join(data_dir, f"restart.{os.getpid()}-{uuid.uuid4().hex[:8]}{TEMP_SUFFIX}")
+        where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
+        cause = f"{getattr(exc, 'strerror', None) or exc}{where}"
     try:
-        os.mkdir(staging, 0o700)
+        found_free = os.statvfs(data_dir)
+        free = found_free.f_bavail * found_free.f_frsize
+    except (OSError, AttributeError):
+        free = None
+    if isinstance(exc, PermissionError):  # this user may read the journal, not write it
+        return JournalUnavailable("read_access_only", f"restart-journal could not {action}: "
+                                  f"{cause}; nothing was changed (run it as the user the "
+                                  "workers run as)", found=found, step=action)
+    room = "" if free is None else f" ({free} bytes free on the data directory's file system)"
+    return JournalUnavailable("storage_unavailable", f"restart-journal could not {action}: "
+                              f"{cause}{room}", found=found, step=action, free_bytes=free)
+
+
+# ------------------------------------------------------------- preparing --
+
+def _prepare(data_dir: str, found: str, message: str, evidence: str, operator: dict,
+             now_ns: int) -> dict:
+    """Steps 1 and 2's content: read the old journal, build the new one in a
+    staging folder, and return the intent (not yet written).  On failure the
+    staging folder is removed and nothing else was touched."""
+    _refuse_unusable_replaced_directory(data_dir, found)
+    staging_name = f"restart.{os.getpid()}-{uuid.uuid4().hex[:8]}{TEMP_SUFFIX}"
+    staging = os.path.join(data_dir, staging_name)
+    action = "read the old journal"
+    try:
+        os.mkdir(staging, PRIVATE_DIRECTORY_MODE)
+        fsync_directory(data_dir)
         reading = os.path.join(staging, "reading")
-        os.mkdir(reading, 0o700)
+        os.mkdir(reading, PRIVATE_DIRECTORY_MODE)
+        fsync_directory(staging)
         state = last_verified_state(data_dir, reading)
-        shutil.rmtree(reading)
+        _remove_scratch(reading)
         unverified = unverified_history(state)
-        lost = str(uuid.uuid4()) if unverified else None
+        anchor = _archives_to_continue(data_dir, state)
         stamp = datetime.datetime.fromtimestamp(now_ns / 1e9, tz=datetime.timezone.utc)
-        folder = os.path.join(REPLACED_DIRECTORY, f"{stamp:%Y%m%dT%H%M%SZ}-"
-                                                  f"{state['journal_id'] or 'unreadable'}")
+        folder = _free_folder(data_dir, f"{REPLACED_DIRECTORY}/{stamp:%Y%m%dT%H%M%SZ}-"
+                                        f"{state['journal_id'] or 'unreadable'}")
         record = {"journal_id": state["journal_id"], "verdict": found, "message": message[:1000],
                   "last_verified_checkpoint": state["checkpoint"],
                   "head_json": state["head_json"], "unverified": unverified,
                   "late_outcomes_unacknowledged": state["attention"],
-                  "evidence_directory": folder}
-        after = _build_new_journal(staging, record, state, lost, evidence, operator, now_ns)
-        evidence_dir = os.path.join(data_dir, folder)
-        os.makedirs(os.path.dirname(evidence_dir), PRIVATE_DIRECTORY_MODE, exist_ok=True)
-        os.mkdir(evidence_dir, PRIVATE_DIRECTORY_MODE)
-        fsync_directory(os.path.dirname(evidence_dir))
+                  "evidence_directory": folder, "archive_anchor": anchor}
+        lost = str(uuid.uuid4()) if unverified else None
+        action = "build the new journal in its staging folder"
+        after = build_new_journal(staging, record, state, evidence=evidence, operator=operator,
+                                  anchor=anchor, lost=lost, window=lost_window(
+                                      now_ns, last_event_ns=state["last_event_ns"],
+                                      created_ns=state["created_ns"],
+                                      marker_written_ns=state["marker_written_ns"]))
+        for name in NEW_NAMES:
+            fsync_file(os.path.join(staging, name))
+        fsync_directory(staging)
         fsync_directory(data_dir)
-        # The new journal's genesis checkpoint: never equal to what the
-        # database holds until the real head.json replaces it.
-        placeholder = canonical_text(checkpoint_of(
-            after["journal_id"], 0, genesis_hash(after["journal_id"]))).encode("utf-8")
-        moved = _switch(data_dir, staging, evidence_dir, placeholder)
-    finally:
+    except BaseException as exc:
         shutil.rmtree(staging, ignore_errors=True)
-    return {"found": found, "replaced_journal_id": state["journal_id"],
-            "last_verified_checkpoint": state["checkpoint"], "unverified": unverified,
-            "evidence_directory": folder, "moved": moved,
-            "carried_over": [item[0] for item in state["open"]], "lost_operation": lost,
-            "late_outcomes_unacknowledged": state["attention"],
-            "checkpoint_after": after}
+        if isinstance(exc, (OSError, JournalError)):
+            raise _failure(exc, action, found, data_dir) from None
+        raise
+    head = os.path.join(data_dir, CHECKPOINT_NAME)
+    placeholder = canonical_text(checkpoint_of(
+        after["journal_id"], 0, genesis_hash(after["journal_id"])))
+    moved = [name for name in MOVED_NAMES
+             if not (anchor is not None and name == archive.ARCHIVE_DIRECTORY)]
+    return {"staging": staging_name, "evidence_directory": folder,
+            "head": (HEAD_ABSENT if not os.path.lexists(head) else
+                     HEAD_MOVED if foreign_file_type(head) else HEAD_LINKED),
+            "placeholder": placeholder, "moved": moved, "read": summary_of_state(state),
+            "old_database": os.path.lexists(os.path.join(data_dir, DATABASE_NAME)),
+            "evidence": evidence, "operator": operator,
+            "result": {"found": found, "replaced_journal_id": state["journal_id"],
+                       "last_verified_checkpoint": state["checkpoint"],
+                       "unverified": unverified, "evidence_directory": folder,
+                       "carried_over": [item[0] for item in state["open"]],
+                       "lost_operation": lost, "archive_anchor": anchor,
+                       "late_outcomes_unacknowledged": state["attention"],
+                       "checkpoint_after": after}}
+
+
+def _remove_scratch(reading: str) -> None:
+    """Remove the reading copies for good before the build: their directory
+    is fsynced empty, so no crash leaves a copy in the staging folder."""
+    for name in os.listdir(reading):
+        os.unlink(os.path.join(reading, name))
+    fsync_directory(reading)
+    os.rmdir(reading)
+    fsync_directory(os.path.dirname(reading))
+
+
+def _refuse_unusable_replaced_directory(data_dir: str, found: str) -> None:
+    """``replaced`` must be a real directory, or absent (it is created)."""
+    kind = foreign_file_type(os.path.join(data_dir, REPLACED_DIRECTORY))
+    if kind is None and os.path.isfile(os.path.join(data_dir, REPLACED_DIRECTORY)):
+        kind = "regular file"
+    if kind is not None and kind != "directory":
+        raise RestartRefused(
+            "storage_unavailable", f"{REPLACED_DIRECTORY} in the data directory is a {kind}, "
+            "not a directory: restart-journal keeps replaced journals there. Move it away (it "
+            "is not the plugin's), then run restart-journal again; nothing was changed",
+            directory=REPLACED_DIRECTORY, file_type=kind, found=found)
+
+
+def _free_folder(data_dir: str, folder: str) -> str:
+    """``folder``, or ``folder-2``, ``-3``, ... when taken (two restarts in one
+    second of journals whose id could not be read)."""
+    candidate, number = folder, 1
+    while os.path.lexists(os.path.join(data_dir, candidate)):
+        number += 1
+        candidate = f"{folder}-{number}"
+    return candidate
+
+
+def _archives_to_continue(data_dir: str, state: dict) -> Optional[dict]:
+    """The anchor of the newest archive the new journal continues (its event
+    1), when the old journal's verified prefix names one and every archive of
+    the chain verifies end to end now: ``show``, ``log --all``, ``verify
+    --all`` and ``verify --checkpoint`` of the new journal then reach them.
+    None otherwise (``archive/`` then moves into the evidence folder), also
+    while an archive switch was left half-done (``archive.json``)."""
+    anchor = state["anchor"]
+    if anchor is None or os.path.lexists(os.path.join(data_dir, INTENT_NAME)):
+        return None
+    try:
+        archive.verify_every_archive(data_dir, anchor)
+    except JournalError:
+        return None
+    return anchor
+
+
+def _carry_out(data_dir: str, intent: dict, audit: Callable[[dict], Optional[str]],
+               resumed: bool) -> dict:
+    """Steps 3 to 5 from wherever they stand.  A failure in step 3 is undone
+    (the old journal as it was: its own verdict stays); one in step 4 leaves
+    the intent for the next run (``restart_interrupted``)."""
+    found = intent["result"]["found"]
+    staging = os.path.join(data_dir, intent["staging"])
+    _remove_dead_temp_files(data_dir)
+    if os.path.lexists(os.path.join(staging, DATABASE_NAME)):
+        try:
+            keep_old_files(data_dir, intent)
+        except (OSError, JournalError) as exc:
+            failure = _failure(exc, "keep the old files in the evidence folder", found, data_dir)
+            try:
+                undo(data_dir, intent)
+            except OSError:
+                failure.details["found"] = "restart_interrupted"
+            raise failure from None
+    try:
+        problem = place_new_files(data_dir, intent, audit)
+        finish(data_dir, intent)
+    except (OSError, JournalError) as exc:
+        failure = _failure(exc, "place the new journal", "restart_interrupted", data_dir)
+        raise failure from None
+    result = result_of(data_dir, intent, resumed)
+    if problem:
+        result["operator_log_error"] = problem
+    return result
+
+
+def _resume(data_dir: str, intent: dict, journal_class: Callable[..., Any],
+            audit: Callable[[dict], Optional[str]]) -> Optional[dict]:
+    """Continue a restart that ``restart.json`` records; None when it was
+    undone instead (the old journal changed since it was read, or the
+    staging folder is gone), so that this run starts over."""
+    staging = os.path.join(data_dir, intent["staging"])
+    left = [name for name in NEW_NAMES if os.path.lexists(os.path.join(staging, name))]
+    if not left:
+        if placed(data_dir, intent):
+            audit(result_of(data_dir, intent, True))  # written once: audit skips a repeat
+            finish(data_dir, intent)
+            return result_of(data_dir, intent, True)
+        undo(data_dir, intent)  # the staging folder vanished with the new journal
+        return None
+    if DATABASE_NAME in left and os.path.lexists(os.path.join(data_dir, DATABASE_NAME)):
+        # Nothing moved yet: the old journal must still be what was read.
+        reading = os.path.join(staging, "reading")
+        shutil.rmtree(reading, ignore_errors=True)
+        os.mkdir(reading, PRIVATE_DIRECTORY_MODE)
+        try:
+            again = json.loads(canonical_text(summary_of_state(
+                last_verified_state(data_dir, reading))))
+        finally:
+            shutil.rmtree(reading, ignore_errors=True)
+        if intent["head"] != HEAD_LINKED:  # head.json may be the first run's placeholder now
+            again["head_json"] = intent["read"]["head_json"]
+        if again != intent["read"]:
+            undo(data_dir, intent)
+            return None
+    return _carry_out(data_dir, intent, audit, resumed=True)
+
+
+# -------------------------------------------------------------- the guard --
+
+def _journal_open_elsewhere(data_dir: str) -> bool:
+    """Whether a process has the journal open: a worker of ours, idle or not,
+    or any other SQLite connection (:func:`wal_keeper.journal_open_elsewhere`).
+    False where the platform has no open file description locks (nothing to
+    tell by) or there is no database file (none, or another kind of file
+    there: nobody has it open as a journal); True when the question cannot be
+    answered (a restart must never move a journal a worker may still use)."""
+    path = os.path.join(data_dir, DATABASE_NAME)
+    if not WAL_KEEPER_SUPPORTED or foreign_file_type(path) is not None:
+        return False
+    found = journal_open_elsewhere(path)
+    return True if found is None else found
+
+
+@contextlib.contextmanager
+def _exclusive(data_dir: str, found: str) -> Iterator[None]:
+    """No worker has the journal open and no protected call is out; then the
+    head lock, held exclusively throughout: no reader sees the files half
+    switched, no call starts meanwhile and no other restart runs (each waits
+    for it, then is refused).  ``found``: the journal's verdict, named by
+    every refusal."""
+    if _journal_open_elsewhere(data_dir):
+        raise RestartRefused("workers_running", "a worker of this profile still has the journal "
+                             "open; stop every worker (gateway, agents, cron jobs) first",
+                             found=found)
+    if held_calls(data_dir):
+        raise RestartRefused("owner_running", "a protected call is running in this profile; "
+                             "stop every worker first", found=found)
+    lock = contextlib.ExitStack()
+    try:
+        lock.enter_context(HeadLock(data_dir, DEFAULT_BUSY_TIMEOUT_SECONDS).held(exclusive=True))
+    except JournalUnavailable as exc:  # only taking the lock: the body's failures are its own
+        if exc.code not in ("storage_unavailable", "database_locked"):
+            raise
+        denied = "permission" in exc.message.lower()
+        raise RestartRefused(
+            "read_access_only" if denied else exc.code,
+            f"restart-journal cannot take the journal's head lock: {exc.message}; nothing was "
+            "changed" + (" (run it as the user the workers run as)" if denied else ""),
+            found=found) from None
+    with lock:
+        yield
+
+
+def _remove_leftovers(data_dir: str) -> None:
+    """Staging folders no intent names: a prepare step that died, never part
+    of any journal (the owner lock is held)."""
+    for name in os.listdir(data_dir):
+        if STAGING_NAME.fullmatch(name):
+            shutil.rmtree(os.path.join(data_dir, name), ignore_errors=True)
+    _remove_dead_temp_files(data_dir)
+
+
+def _remove_dead_temp_files(data_dir: str) -> None:
+    """Temporary files of an atomic replace that a killed restart left (the
+    intent, the placeholder head.json): only those of dead processes, since
+    this command does not hold the writer lock."""
+    remove_files_of_dead_processes(data_dir, DEAD_TEMP_NAME)
+
+
+def restart_journal(data_dir: str, journal_class: Callable[..., Any], *, evidence: str,
+                    operator: dict, now_ns: int,
+                    audit: Callable[[dict], Optional[str]]) -> dict:
+    """Replace a journal that fails verification, or finish the restart that
+    ``restart.json`` records (docs/cli.md §restart-journal).  ``audit(result)``
+    writes the operator.log line (once per restart, also across runs) and
+    returns its problem or None.  Returns ``{"found", "replaced_journal_id",
+    "last_verified_checkpoint", "unverified", "evidence_directory" (relative),
+    "moved", "carried_over" (ids), "lost_operation" (id or None),
+    "archive_anchor", "late_outcomes_unacknowledged", "checkpoint_after",
+    "resumed", "evidence", "operator"}``.  Raises :class:`RestartRefused` or
+    :class:`IntegrityError` ``restart_not_applicable`` with nothing changed,
+    :class:`JournalUnavailable` ``storage_unavailable`` for a failure of its
+    own (``found``: the journal's verdict afterwards)."""
+    # The verdict first (it only reads), so that every refusal names it.
+    try:
+        pending = read_intent(data_dir)
+    except RestartRefused as refusal:
+        refusal.details["found"] = _verdict_code(data_dir, journal_class)
+        raise
+    found, message = (None, "") if pending else _verdict(data_dir, journal_class)
+    with _exclusive(data_dir, found or "restart_interrupted"):
+        intent = read_intent(data_dir)
+        if intent is not None:
+            done = _resume(data_dir, intent, journal_class, audit)
+            if done is not None:
+                return done
+        if found is None:
+            found, message = _verdict(data_dir, journal_class)
+        _remove_leftovers(data_dir)
+        intent = _prepare(data_dir, found, message, evidence, operator, now_ns)
+        reach_boundary("staged", "restart")
+        try:
+            keep_unrecognised_intent(data_dir, intent)
+            write_atomically(intent_path(data_dir), canonical_text(intent).encode("utf-8"))
+        except (OSError, JournalError) as exc:
+            shutil.rmtree(os.path.join(data_dir, intent["staging"]), ignore_errors=True)
+            raise _failure(exc, "write its intent", found, data_dir) from None
+        reach_boundary("intent_written", "restart")
+        return _carry_out(data_dir, intent, audit, resumed=False)
+
+
+def _verdict_code(data_dir: str, journal_class: Callable[..., Any]) -> str:
+    """The journal's verdict code, ``ok`` when it verifies."""
+    try:
+        return _verdict(data_dir, journal_class)[0]
+    except JournalError as exc:
+        return exc.details.get("found", exc.code)
 
 
 def _verdict(data_dir: str, journal_class: Callable[..., Any]) -> tuple:

@@ -41,7 +41,7 @@ INTEGRITY_VERDICTS = frozenset((
     "checkpoint_corrupt", "checkpoint_foreign", "checkpoint_ahead", "journal_rolled_back",
     "checkpoint_behind", "checkpoint_mismatch", "missing_database", "database_replaced",
     "stray_wal", "wal_missing", "database_corrupt", "archive_missing", "archive_mismatch",
-    "archive_interrupted", "append_not_stored"))
+    "archive_interrupted", "append_not_stored", "foreign_file", "restart_interrupted"))
 RESTART_STEP = ("restart-journal", "--evidence", "<what happened, what you checked>")
 SAME_AGAIN = ()
 # The operator command (the words after `hermes -p PROFILE crash-recovery`) that
@@ -56,6 +56,11 @@ NEXT_STEPS = {
     "journal_changed_while_read": SAME_AGAIN, "database_locked": SAME_AGAIN,
     "interrupted": ("status",), "ambiguous_operation_id": ("status",),
     "workers_running": RESTART_STEP,
+    # verify --checkpoint with an export of a journal a restart replaced: the
+    # restart's record (its bookkeeping operation) says what became of it.
+    "checkpoint_lost_in_restart": ("show", "<OPERATION_ID>"),
+    "checkpoint_replaced_mismatch": ("show", "<OPERATION_ID>"),
+    "checkpoint_replaced_unverifiable": ("show", "<OPERATION_ID>"),
 }
 
 
@@ -68,6 +73,10 @@ def next_step(code: str, found: Optional[str] = None,
     error, a wrong directory)."""
     if code == "repair_not_applicable" and found:
         code = found
+    if code == "storage_unavailable" and found:
+        # A command failed on its own files (a full disk, a read-only mount, a
+        # planted file it names) and left the journal's verdict as it was.
+        return SAME_AGAIN
     if code in NEXT_STEPS:
         words = NEXT_STEPS[code]
         return tuple(operation_id if word == "<OPERATION_ID>" and operation_id else word
@@ -164,33 +173,68 @@ def operator_command(data_dir: str, *words: str) -> str:
     return command_line(standalone_prefix(data_dir), *words)
 
 
+def dated(view: dict) -> dict:
+    """Add ``started_at`` (ISO) to an operation's fields (``started_ns``, and
+    ``lost_window`` for one brought back for a lost event); returns ``view``.
+    An operation brought back for a lost event did not start then: its
+    ``started_at`` is null, ``recorded_at`` says when it was brought back,
+    and ``lost_after``/``lost_before``/``lost_after_source`` the window in
+    which its call, if any, happened (its session and call id are unknown)."""
+    view["started_at"] = iso_utc(view["started_ns"])
+    window = view.get("lost_window")
+    if window:
+        view["started_at"] = None
+        view["recorded_at"] = iso_utc(view["started_ns"])
+        view["lost_after"] = iso_utc(window["after_ns"]) if window["after_ns"] else None
+        view["lost_after_source"] = window.get("after_source")
+        view["lost_before"] = iso_utc(window["before_ns"])
+    return view
+
+
 def operation_view(operation: "Operation | dict", data_dir: str, *,
                    now_ns: Optional[int] = None, with_owner: bool = True) -> dict:
     """An operation for people: every journal field (an :class:`Operation` or
     its ``to_json()`` dict) plus ``started_at`` (ISO 8601 UTC), ``age_seconds``
     (float, >= 0: the distance from now, also for a start dated in the future,
     which adds ``clock_ahead_seconds``), for an operation brought back for a
-    lost event ``lost_after``/``lost_before`` (ISO; the span in which its
-    call may have run) and, with ``with_owner``, ``owner``
-    (``running``/``gone``/``unknown``) and ``owner_pid``."""
+    lost event ``started_at`` null, ``recorded_at`` (when it was brought
+    back), ``lost_after``/``lost_before`` (ISO; the window in which its call,
+    if any, happened) and ``lost_after_source`` (what dates the window's
+    start, :data:`chain.WINDOW_SOURCES`), and, with ``with_owner``,
+    ``owner`` (``running``/``gone``/``unknown``) and ``owner_pid``."""
     now_ns = time.time_ns() if now_ns is None else now_ns
     view = dict(operation) if isinstance(operation, dict) else operation.to_json()
-    view["started_at"] = iso_utc(view["started_ns"])
+    dated(view)
     age_ns = now_ns - view["started_ns"]
     # A start dated in the future (the writer's clock was ahead) is no younger
     # for that: its distance from now keeps age alerts awake.
     view["age_seconds"] = round(abs(age_ns) / 1e9, 3)
     if age_ns < 0:
         view["clock_ahead_seconds"] = view["age_seconds"]
-    window = view.get("lost_window")
-    if window:  # a lost event: the span in which its call may have run
-        view["lost_after"] = iso_utc(window["after_ns"]) if window["after_ns"] else None
-        view["lost_before"] = iso_utc(window["before_ns"])
     if with_owner:
         probe = probe_owner(data_dir, view["operation_id"])
         view["owner"] = probe["owner"]
         view["owner_pid"] = probe["pid"]
     return view
+
+
+# What dates the start of a lost call's window, for people (chain.WINDOW_SOURCES).
+WINDOW_START_WORDS = {"last_verified_event": "the last verified event",
+                      "journal_created": "the journal's creation",
+                      "marker_written": "the journal's marker was written"}
+
+
+def lost_call_text(view: dict) -> str:
+    """The window of an :func:`operation_view` brought back for a lost event,
+    in words: ``a call lost in a crash, if it happened, started after A (the
+    last verified event) and before B (when it was brought back); tool,
+    session and tool call unknown``."""
+    after = view.get("lost_after")
+    start = (f"after {after} ({WINDOW_START_WORDS.get(view.get('lost_after_source'), 'recorded')})"
+             if after else "at a time nothing recorded bounds")
+    return (f"a call lost in a crash: if it happened, it started {start} and before "
+            f"{view.get('lost_before')} (when it was brought back); its tool, session and tool "
+            "call are unknown: check the services for any call in that window")
 
 
 def describe_age(seconds: float) -> str:
@@ -247,9 +291,10 @@ def bounded(value: Any) -> Any:
 def _described(operations: list) -> str:
     if not operations:  # its admission is still being recorded
         return "its start is being recorded now"
-    return "; ".join(f"operation {operation['operation_id']} (tool {operation['tool']}, "
-                     f"{operation['state']}, started {describe_age(operation['age_seconds'])} "
-                     f"ago)" for operation in operations)
+    return "; ".join(f"operation {operation['operation_id']} (" + (
+        f"tool {operation['tool']}, {operation['state']}, started "
+        f"{describe_age(operation['age_seconds'])} ago)" if not operation.get("lost_before") else
+        f"{lost_call_text(operation)})") for operation in operations)
 
 
 def unresolved_explanation(operations: list, prefix: Optional[Sequence[str]]) -> str:

@@ -9,8 +9,8 @@ import unicodedata
 from typing import Any, Iterator, Optional, Sequence
 
 from ..storage.call_lock import OWNER_RUNNING
-from .messages import (command_line, describe_age, first_waiting, iso_utc, reach_warning,
-                       standalone_prefix)
+from .messages import (command_line, describe_age, first_waiting, iso_utc, lost_call_text,
+                       reach_warning, standalone_prefix)
 from .status import GATE_BUSY
 
 
@@ -139,9 +139,18 @@ def _resolved_running_lines(result: dict) -> list:
               for entry in running)]
 
 
+def _lost_cells(row: dict) -> dict:
+    """Table cells of an operation brought back for a lost event: its window
+    where a start time would be, its unknown session and call said so."""
+    if not row.get("lost_before"):
+        return {}
+    return {"started_at": f"lost {row.get('lost_after') or '?'}..{row['lost_before']}",
+            "session_id": "unknown", "tool_call_id": "unknown"}
+
+
 def _status_text(result: dict, header: str, prefix: Sequence[str]) -> str:
-    rows = [dict(row, age=describe_age(row["age_seconds"]), owner=_owner_text(row))
-            for row in result["unresolved"]]
+    rows = [dict(row, age=describe_age(row["age_seconds"]), owner=_owner_text(row),
+                 **_lost_cells(row)) for row in result["unresolved"]]
     in_flight = result.get("in_flight")
     lines = [*check_lines(result), header, f"gate: {result.get('gate')}" + (
         f" (a protected call is running: operation {in_flight.get('operation_id')}, pid "
@@ -165,9 +174,7 @@ def _status_text(result: dict, header: str, prefix: Sequence[str]) -> str:
             *(f"{row['operation_id']} is dated {describe_age(row['clock_ahead_seconds'])} in the "
               "future (the clock of the process that started it was ahead); AGE is its distance "
               "from now" for row in rows if row.get("clock_ahead_seconds")),
-            *(f"{row['operation_id']} stands for a call lost between "
-              f"{row.get('lost_after') or 'the journal start'} and {row['lost_before']}: check "
-              "the services for any call in that window" for row in rows
+            *(f"{row['operation_id']} stands for {lost_call_text(row)}" for row in rows
               if row.get("lost_before")),
             "next: stop every worker of this profile (owner must not be running), check the "
             "real service for this call, then record what you found:",
@@ -230,7 +237,12 @@ _ACTION_LINES = {
                            else "") + "; settle them before starting the workers"),
     "verify": lambda r: (f"verified: {r.get('count')} events, {r.get('unresolved_count')} "
                          f"unresolved, {r.get('attention_count')} late outcome(s)"
-                         + (", the exported checkpoint is an ancestor"
+                         + (f", the exported checkpoint is a prefix of journal "
+                            f"{(r.get('replaced') or {}).get('replaced_journal_id')}, which "
+                            f"restart-journal replaced (kept in "
+                            f"{(r.get('replaced') or {}).get('evidence_directory')})"
+                            if r.get("external_checkpoint") == "replaced_ancestor" else
+                            ", the exported checkpoint is an ancestor"
                             if r.get("external_checkpoint") else "")),
 }
 
@@ -272,8 +284,11 @@ def render_text(command: str, result: dict, prefix: Optional[Sequence[str]] = No
         operation = dict(result["operation"], owner=_owner_text(result["operation"]))
         if "age_seconds" in operation:
             operation["age"] = describe_age(operation["age_seconds"])
+        if operation.get("lost_before"):
+            operation.update(_lost_cells(operation), lost_call=lost_call_text(operation))
+            operation.pop("started_at")
         keys = ("operation_id", "tool", "state", "reason", "outcome", "late_reason",
-                "started_at", "age",
+                "started_at", "lost_call", "recorded_at", "age",
                 "owner", "session_id", "tool_call_id", "args_hash", "fingerprint")
         width = max(map(len, keys)) + 1
         lines = [f"{(key + ':').ljust(width)} {_cell(operation.get(key))}" for key in keys

@@ -369,6 +369,19 @@ def verify_copy(temp_path: str) -> Chain:
         copy.close()
 
 
+def refuse_unsealable(chain: Chain) -> None:
+    """Raise :class:`AdmissionRefused` ``archive_refused`` when ``chain``
+    cannot be sealed now: an operation open, a late outcome unacknowledged, or
+    nothing but its anchor to seal (docs/cli.md §archive)."""
+    if chain.open or chain.attention:
+        raise AdmissionRefused("archive_refused", "an operation is unresolved or a late "
+                               "outcome awaits acknowledgement: settle it first",
+                               unresolved=len(chain.open), attention=len(chain.attention))
+    if chain.count <= (1 if chain.archive is not None else 0):
+        raise AdmissionRefused("archive_refused", "nothing to archive: the live segment "
+                               "holds no event but its anchor")
+
+
 def refuse_stale_copy(copied: Chain, live: Chain, live_hash_at_copied: Optional[str]) -> None:
     """Under the writer lock: the verified copy must be a prefix of the live
     journal -- the same journal, no longer, and the live hash at the copy's

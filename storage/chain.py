@@ -181,11 +181,34 @@ def operation_from_started(operation_id: str, started_text: bytes, started_seq: 
                      lost_window=_window(started.get("lost_window")))
 
 
+# Where a ``lost_window``'s start comes from (docs/format.md §Events).
+WINDOW_SOURCES = ("last_verified_event", "journal_created", "marker_written")
+
+
+def lost_window(before_ns: int, *, last_event_ns: Optional[int], created_ns: Optional[int],
+                marker_written_ns: Optional[int]) -> dict:
+    """The ``lost_window`` of an operation brought back for a lost event
+    (docs/format.md §Events): it can have happened after the last verified
+    event; in a journal with none, after the journal's recorded creation;
+    failing that, after its marker was written (a journal or segment writes
+    its marker before any call can run); before ``before_ns``.
+    ``after_source`` names which (absent, with ``after_ns`` null, when
+    nothing tells)."""
+    for value, source in zip((last_event_ns, created_ns, marker_written_ns), WINDOW_SOURCES):
+        if value is not None:
+            return {"after_ns": value, "before_ns": before_ns, "after_source": source}
+    return {"after_ns": None, "before_ns": before_ns}
+
+
 def _window(value: object) -> Optional[dict]:
-    """A well-formed ``lost_window`` or None (it is evidence, never trusted blindly)."""
+    """A well-formed ``lost_window`` or None (it is evidence, never trusted
+    blindly); ``after_source`` is kept when it is one of WINDOW_SOURCES."""
     if (isinstance(value, dict) and isinstance(value.get("before_ns"), int)
             and (value.get("after_ns") is None or isinstance(value.get("after_ns"), int))):
-        return {"after_ns": value.get("after_ns"), "before_ns": value["before_ns"]}
+        window = {"after_ns": value.get("after_ns"), "before_ns": value["before_ns"]}
+        if value.get("after_source") in WINDOW_SOURCES:
+            window["after_source"] = value["after_source"]
+        return window
     return None
 
 

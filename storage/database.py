@@ -84,6 +84,12 @@ def wal_missing_verdict(database_path: str, what: str) -> IntegrityError:
     return IntegrityError("wal_missing", what + after, workers_running=pids)
 
 
+# What :meth:`Database.files_touched` found.
+FILES_CHECKPOINTED, FILES_CHANGED = "checkpointed", "changed"
+# A WAL file this long holds its header and no frame.
+WAL_HEADER_BYTES = 32
+
+
 class Database:
     """One connection to ``journal.sqlite3`` in ``data_dir``.
 
@@ -376,28 +382,40 @@ class Database:
         a commit in between only makes the next look verify more."""
         self._files_seen = sample
 
-    def files_touched(self, sample: Optional[tuple] = None) -> bool:
-        """True when the database or WAL file changed since this connection's
-        last transaction (a commit of another connection, a checkpoint, or a
-        raw edit SQLite cannot see), or when this connection has no record yet.
-        ``sample``: a :meth:`files_now` just taken (else one is taken here).
-        The page cache is then dropped, so a following full verification reads
-        the files.  Raises ``storage_unavailable`` when the files cannot be
-        examined."""
+    def files_touched(self, sample: Optional[tuple] = None) -> Optional[str]:
+        """How the database and WAL files changed since this connection's last
+        transaction: None (they did not), :data:`FILES_CHECKPOINTED` (only as
+        a SQLite checkpoint changes them: the database file while the WAL
+        holds frames, or the WAL truncated to nothing) or
+        :data:`FILES_CHANGED` (anything else, or no record yet).  Without a
+        commit (``data_version`` unchanged), a change is a raw edit behind
+        SQLite's back; a checkpoint-like one may be a checkpoint, so it costs
+        every warm reader no full verification (docs/format.md §What is
+        checked when).  ``sample``: a :meth:`files_now` just taken (else one
+        is taken here).  The page cache is then dropped, so a following full
+        verification reads the files.  Raises ``storage_unavailable`` when
+        the files cannot be examined."""
         try:
             now = self.files_now() if sample is None else sample
-            unchanged = self._files_seen is not None and now == self._files_seen
         except OSError as exc:
             raise storage_error(exc, "checking the journal's files") from None
-        if unchanged:
-            return False
+        seen = self._files_seen
+        if seen is not None and now == seen:
+            return None
         # Empty the page cache without closing: a close could checkpoint the WAL
         # into the main file, and a refusal must change no file.
         try:
             self.connection.execute("PRAGMA shrink_memory")
         except sqlite3.Error as exc:
             raise translate_sqlite_error(exc, "dropping cached pages") from None
-        return True
+        if seen is None or seen[1] is None or now[1] is None or now[0][:2] != seen[0][:2] \
+                or now[1][:2] != seen[1][:2]:
+            return FILES_CHANGED  # another file, or no WAL to checkpoint from
+        # A checkpoint copies WAL frames into the database file and leaves the
+        # WAL as it was, or truncates it (wal_checkpoint(TRUNCATE)).
+        if seen[1][2] > WAL_HEADER_BYTES and (now[1] == seen[1] or now[1][2] == 0):
+            return FILES_CHECKPOINTED
+        return FILES_CHANGED
 
     def check_wal(self, sample: Optional[tuple] = None) -> None:
         """Refuse to write when the file at ``journal.sqlite3-wal`` is not the WAL
@@ -429,6 +447,10 @@ class Database:
         fails beside a ``-shm`` whose ``-wal`` is gone (or empty) names the cause: SQLite
         removes both together when the last connection closes, so the WAL was
         deleted under a worker (``wal_missing``, the verdict that worker gives)."""
+        if getattr(exc, "sqlite_errorname", "") in ("SQLITE_IOERR_SHMSIZE", "SQLITE_IOERR_SHMMAP"):
+            # SQLite could not size its -shm: a full disk, not a lost WAL.
+            return JournalUnavailable("storage_unavailable", f"{action}: SQLite could not size "
+                                      f"{DATABASE_NAME}{SHM_SUFFIX} ({exc}): is the disk full?")
         if (self.readonly and "i/o" in str(exc).lower()
                 and os.path.lexists(self.path + SHM_SUFFIX)
                 and file_size(self.path + WAL_SUFFIX) <= 0):  # gone (or re-made empty)

@@ -100,6 +100,46 @@ def read_regular_file(path: str, limit: int = OWN_FILE_READ_LIMIT) -> bytes:
         os.close(descriptor)
 
 
+# What a journal file's name may hold instead of a regular file.
+_FILE_TYPES = ((stat.S_ISLNK, "symbolic link"), (stat.S_ISDIR, "directory"),
+               (stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"),
+               (stat.S_ISBLK, "block device"), (stat.S_ISSOCK, "socket"))
+
+
+def foreign_file_type(path: str) -> Optional[str]:
+    """What stands at ``path`` when it exists but is not a regular file
+    (``"symbolic link"``, ``"directory"``, ``"FIFO"``, ``"character device"``,
+    ``"block device"``, ``"socket"``); None for a regular file, nothing, or a
+    path that cannot be examined.  Never follows a link, never raises."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return None
+    return next((name for test, name in _FILE_TYPES if test(mode)), None)
+
+
+def foreign_file(path: str, kind: str) -> IntegrityError:
+    """The ``foreign_file`` verdict: a journal file's name holds ``kind``, not
+    the plugin's regular file (docs/cli.md §Verdict codes).  Nothing is
+    opened through it; ``restart-journal`` keeps it as evidence."""
+    name = os.path.basename(path)
+    return IntegrityError("foreign_file", f"{name} in the data directory is a {kind}, not a "
+                          "regular file: the plugin never writes one, never follows it and "
+                          "never waits on it", file=name, file_type=kind)
+
+
+def marker_written_ns(data_dir: str) -> Optional[int]:
+    """When the marker of ``data_dir`` was last written (its modification
+    time, ns), None when it is absent or not a regular file: a journal writes
+    its marker at creation, and an archive switch at the start of a segment,
+    before any of their calls can run."""
+    try:
+        found = os.lstat(os.path.join(data_dir, MARKER_NAME))
+    except OSError:
+        return None
+    return found.st_mtime_ns if stat.S_ISREG(found.st_mode) else None
+
+
 def file_state(path: str) -> Optional[tuple]:
     """``(device, inode, size, mtime_ns, ctime_ns)`` of a file, None when absent."""
     try:
@@ -355,11 +395,15 @@ class DurableFiles:
         self._files_read[path] = (state, content)
         return content
 
-    @staticmethod
-    def _bytes(found: Any, name: str, missing: Optional[IntegrityError]) -> Optional[bytes]:
-        """The bytes seen, raising ``missing`` (absent) or ``storage_unavailable``
-        (unreadable); None for an absent file when ``missing`` is None."""
+    def _bytes(self, found: Any, name: str, missing: Optional[IntegrityError]) -> Optional[bytes]:
+        """The bytes seen, raising ``missing`` (absent), ``foreign_file`` (not a
+        regular file) or ``storage_unavailable`` (unreadable); None for an
+        absent file when ``missing`` is None."""
         if isinstance(found, OSError):
+            path = os.path.join(self.data_dir, name)
+            kind = foreign_file_type(path)
+            if kind is not None:
+                raise foreign_file(path, kind) from None
             raise storage_error(found, f"reading {name}")
         if found is None and missing is not None:
             raise missing

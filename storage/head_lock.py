@@ -43,6 +43,20 @@ _PAUSES_SECONDS = (0.00005, 0.0001, 0.0002, 0.0005)
 _DIRECTORY_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | os.O_CLOEXEC
 
 
+# Per thread: the data directories whose head lock it holds now, and how.  A
+# nested use -- through any HeadLock of the same directory in this thread --
+# is then a no-op: a second descriptor would wait for the first forever.
+_HELD = threading.local()
+
+
+def _holding() -> dict:
+    try:
+        return _HELD.modes
+    except AttributeError:
+        _HELD.modes = {}
+        return _HELD.modes
+
+
 class HeadLock:
     """The head lock of one data directory.  ``timeout``: seconds to wait for
     it (the busy timeout).  Each use opens a descriptor of the directory of
@@ -52,10 +66,7 @@ class HeadLock:
     def __init__(self, data_dir: str, timeout: float):
         self.data_dir = data_dir
         self.timeout = timeout
-        # Per thread: whether it holds the lock through this object now, and
-        # how (a nested use is then a no-op: a second descriptor would wait
-        # for the first forever).
-        self._holding = threading.local()
+        self._key = os.path.realpath(data_dir)
 
     @contextlib.contextmanager
     def held(self, *, exclusive: bool) -> Iterator[None]:
@@ -64,7 +75,8 @@ class HeadLock:
         :class:`JournalUnavailable` ``database_locked`` after the timeout and
         ``storage_unavailable`` when the directory cannot be opened; a reader
         that may not open the directory reads without it (see docs)."""
-        held = getattr(self._holding, "mode", None)
+        holding = _holding()
+        held = holding.get(self._key)
         if fcntl is None or held == "exclusive" or (held == "shared" and not exclusive):
             yield
             return
@@ -84,11 +96,11 @@ class HeadLock:
         forksafe.close_in_child(descriptor)
         try:
             self._take(descriptor, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-            self._holding.mode = "exclusive" if exclusive else "shared"
+            holding[self._key] = "exclusive" if exclusive else "shared"
             try:
                 yield
             finally:
-                self._holding.mode = None
+                holding.pop(self._key, None)
         finally:
             forksafe.forget(descriptor)
             os.close(descriptor)  # drops the lock

@@ -19,10 +19,11 @@ import urllib.parse
 from typing import Any, Optional
 
 from . import archive
-from .durable import file_size, read_regular_file, storage_error
+from .durable import (file_size, foreign_file, foreign_file_type, read_regular_file,
+                      storage_error)
 from .errors import IntegrityError, JournalError, short
-from .record import (CHECKPOINT_NAME, DATABASE_NAME, KIND_ARCHIVED, MARKER_NAME, WAL_SUFFIX,
-                     genesis_hash)
+from .record import (CHECKPOINT_NAME, DATABASE_NAME, KIND_ARCHIVED, MARKER_NAME, SHM_SUFFIX,
+                     WAL_SUFFIX, genesis_hash)
 from .schema import SQL_SELECT_HASH_AT, SQL_SELECT_LAST_EVENT, SQL_SELECT_METADATA, SQL_SELECT_ROW
 
 # The first 16 bytes of every SQLite 3 database file.
@@ -37,8 +38,16 @@ def refuse_rewritable_database(database: Any) -> None:
     a non-SQLite file entirely from the WAL: both are a stray WAL beside a
     replaced database (``stray_wal``).  An empty file beside the marker or
     checkpoint would get a fresh header (``missing_database``).  Nothing is
-    opened or changed in either case.
+    opened or changed in either case.  A journal file's name holding
+    something else than a regular file (a symbolic link, directory, FIFO or
+    device) is ``foreign_file``, before anything is read through it.
     """
+    for name in (DATABASE_NAME, DATABASE_NAME + WAL_SUFFIX, DATABASE_NAME + SHM_SUFFIX,
+                 CHECKPOINT_NAME, MARKER_NAME):
+        path = os.path.join(database.data_dir, name)
+        kind = foreign_file_type(path)
+        if kind is not None:
+            raise foreign_file(path, kind)
     try:
         header = read_regular_file(database.path, len(SQLITE_FILE_HEADER))
         header = header[:len(SQLITE_FILE_HEADER)]

@@ -29,6 +29,9 @@ MARKER_NAME = "initialized"
 # The intent of an archive switch in progress (docs/format.md §Archives).
 INTENT_NAME = "archive.json"
 WAL_SUFFIX = "-wal"
+# The metadata row holding when a journal (or archive segment) was created:
+# integer nanoseconds since the epoch, as text (docs/format.md §Tables).
+CREATED_KEY = "created_ns"
 SHM_SUFFIX = "-shm"
 
 STATE_PENDING = "pending"
@@ -148,6 +151,16 @@ def is_hex64(value: Any) -> bool:
     """Lower-case SHA-256 hex.  (str.strip is ~20x faster than a per-character
     loop, and this runs for every stored event.)"""
     return isinstance(value, str) and len(value) == 64 and not value.strip(_HEX_DIGITS)
+
+
+def created_time(metadata: dict) -> Optional[int]:
+    """The ``created_ns`` metadata row of a journal as an integer (ns since the
+    epoch), or None when absent (a journal from before it existed) or not a
+    plain non-negative integer (it is evidence, never trusted blindly)."""
+    value = metadata.get(CREATED_KEY)
+    if isinstance(value, str) and re.fullmatch(r"[0-9]{1,20}", value):
+        return int(value)
+    return None
 
 
 def is_uuid(value: Any) -> bool:

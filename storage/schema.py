@@ -4,10 +4,11 @@ else (docs/format.md §Tables).  No connection handling here (database.py)."""
 from __future__ import annotations
 
 import sqlite3
+import time
 from typing import Optional
 
 from .errors import IntegrityError, short
-from .record import DATABASE_NAME, SCHEMA
+from .record import CREATED_KEY, DATABASE_NAME, SCHEMA
 
 SQL_CREATE_METADATA = "CREATE TABLE metadata(key TEXT PRIMARY KEY, value TEXT NOT NULL)"
 SQL_CREATE_EVENTS = ("CREATE TABLE events(seq INTEGER PRIMARY KEY, payload TEXT NOT NULL, "
@@ -59,6 +60,7 @@ SQL_SELECT_ROWS_FROM = SQL_SELECT_ROWS_AFTER.replace("seq > ?", "seq >= ?")
 # The schema cookie and data_version in one statement (it starts a read transaction).
 SQL_VERSIONS = ("SELECT schema_version, data_version FROM pragma_schema_version, "
                 "pragma_data_version")
+SQL_SELECT_METADATA_VALUE = "SELECT value FROM metadata WHERE key = ?"
 SQL_SELECT_HASH_AT = "SELECT hash FROM events WHERE seq = ?"
 SQL_SELECT_LAST_EVENT = "SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1"
 SQL_COUNT_EVENTS = "SELECT count(*) FROM events"
@@ -110,9 +112,12 @@ def create_schema(connection: sqlite3.Connection, journal_id: str) -> None:
 
 def create_schema_rows(connection: sqlite3.Connection, journal_id: str) -> None:
     """The metadata rows and the triggers, into existing (empty, trigger-less)
-    tables, inside the caller's write transaction."""
+    tables, inside the caller's write transaction.  ``created_ns`` records when
+    the journal (or the segment an archive switch starts) began: the earliest
+    time any of its calls can have run (docs/format.md §Tables)."""
     connection.execute(SQL_INSERT_METADATA, ("journal_id", journal_id))
     connection.execute(SQL_INSERT_METADATA, ("schema", SCHEMA))
+    connection.execute(SQL_INSERT_METADATA, (CREATED_KEY, str(time.time_ns())))
     for sql in TRIGGERS.values():
         connection.execute(sql)
 

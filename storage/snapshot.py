@@ -32,6 +32,7 @@ from typing import Optional
 
 from . import archive
 from .chain import Chain, PossibleReuse, extend_chain
+from .database import FILES_CHANGED
 from .durable import FilesAtRest
 from .errors import IntegrityError, JournalError, JournalUnavailable
 from .record import INTENT_NAME, genesis_hash
@@ -112,7 +113,7 @@ class VerifiedSnapshots:
             chain = self._chain
             stale = (chain is None or full or self.full_verification
                      or schema_version != self._schema_version
-                     or (touched and data_version == self._data_version)
+                     or (touched == FILES_CHANGED and data_version == self._data_version)
                      or time.monotonic() - self._full_at > self.full_verification_interval)
             if stale or not self._extend_cached(connection, chain):
                 chain = self._full_chain(connection, at_rest)

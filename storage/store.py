@@ -30,16 +30,17 @@ from typing import Callable, Iterator, Optional
 
 from . import archive
 from .chain import Chain, PossibleReuse, apply_event
-from .database import Database, translate_sqlite_error
+from .database import FILES_CHANGED, Database, translate_sqlite_error
 from .durable import (BOUNDARY_KIND_GENESIS, BOUNDARY_KIND_MARKER, DurableFiles, reach_boundary,
                       storage_error)
 from .errors import AdmissionRefused, IntegrityError, JournalError, JournalUnavailable
 from .log_lines import plugin_logger
-from .record import (KIND_ARCHIVED, SCHEMA, canonical_text, decode_payload, event_hash,
-                     genesis_hash, payload_problem)
+from .record import (CREATED_KEY, KIND_ARCHIVED, SCHEMA, canonical_text, created_time,
+                     decode_payload, event_hash, genesis_hash, payload_problem)
 from .schema import (SQL_CHECKPOINT_PASSIVE, SQL_COUNT_EVENTS, SQL_DROP_TRIGGER,
                      SQL_EMPTY_EVENTS, SQL_EMPTY_METADATA, SQL_INSERT_EVENT,
                      SQL_SELECT_EVENTS_BETWEEN, SQL_SELECT_HASH_AT, SQL_SELECT_JOURNAL_ID,
+                     SQL_SELECT_METADATA_VALUE,
                      SQL_SELECT_OPERATION_EVENTS, SQL_SELECT_PAYLOAD_AT,
                      SQL_SELECT_RAW_ROWS_BETWEEN, SQL_SELECT_ROW, SQL_VACUUM, SQL_VERSIONS, TRIGGERS,
                      create_schema_rows, create_triggers)
@@ -120,6 +121,10 @@ class JournalStore(VerifiedSnapshots):
     def payload_at(self, seq: int) -> Optional[str]:
         """The stored payload text of event ``seq``, or None."""
         return self._one(SQL_SELECT_PAYLOAD_AT, (seq,))
+
+    def created_ns(self) -> Optional[int]:
+        """The journal's recorded creation time (``created_ns`` metadata), or None."""
+        return created_time({CREATED_KEY: self._one(SQL_SELECT_METADATA_VALUE, (CREATED_KEY,))})
 
     def mentions(self, operation_id: str, until: int) -> bool:
         """Whether any event up to ``until`` names ``operation_id`` (one scan)."""
@@ -359,10 +364,12 @@ class JournalStore(VerifiedSnapshots):
                     connection.execute("ROLLBACK")
                 self._release_files()
                 self.forget()
-            except BaseException:
+            except BaseException as exc:
                 with contextlib.suppress(sqlite3.Error):
                     connection.execute("ROLLBACK")
                 self.forget()
+                if isinstance(exc, IntegrityError):
+                    self.healthy = False  # its connection then closes without folding the WAL
                 raise
         raise JournalUnavailable("database_locked", "the journal kept changing while it was "
                                  "being verified; nothing was written")
@@ -423,7 +430,7 @@ class JournalStore(VerifiedSnapshots):
                 if not self._extend_cached(connection, chain):
                     raise _StaleSnapshot()
                 self._data_version = version
-            elif self.database.files_touched(sample):
+            elif self.database.files_touched(sample) == FILES_CHANGED:
                 raise _StaleSnapshot()  # changed behind SQLite's back: a raw edit?
         except sqlite3.Error as exc:
             raise translate_sqlite_error(exc, "verifying the journal") from None

@@ -53,10 +53,11 @@ if TESTS not in sys.path:
     sys.path.insert(0, TESTS)
 import explorer_scenarios as scenarios  # noqa: E402
 
-STRACE_CALLS = ("openat,open,creat,write,pwrite64,writev,pwritev,pwritev2,ftruncate,truncate,"
+STRACE_CALLS = ("openat,open,creat,write,pwrite64,writev,pwritev,pwritev2,sendfile,"
+                "copy_file_range,splice,ftruncate,truncate,"
                 "fsync,fdatasync,rename,renameat,renameat2,link,linkat,unlink,unlinkat,mkdir,mkdirat,"
                 "rmdir,"
-                "close,lseek,dup,dup2,dup3")
+                "close,lseek,dup,dup2,dup3,fcntl")
 SECTOR = 512
 CONTENT_KINDS, NAME_KINDS = ("write", "trunc"), ("creat", "rename", "link", "unlink", "mkdir",
                                                  "rmdir")
@@ -345,6 +346,10 @@ class TraceParser:
 
     _on_dup2 = _on_dup3 = _on_dup
 
+    def _on_fcntl(self, pid, args, ret, path):
+        if len(args) > 1 and args[1] in ("F_DUPFD", "F_DUPFD_CLOEXEC"):  # a dup (os.scandir)
+            self._on_dup(pid, args, ret, path)
+
     # ------------------------------------------------------------- content --
 
     def _write(self, pid: int, fd_argument: str, data: bytes, offset: Optional[int]) -> None:
@@ -373,6 +378,21 @@ class TraceParser:
             raise TraceError(f"line {self.line}: vectored write to {fd.path} is not modelled")
 
     _on_writev = _on_pwritev = _on_pwritev2 = _unsupported
+
+    def _kernel_copy(self, pid, target):
+        # The kernel copies between descriptors: no bytes in the trace.
+        fd = self._fd(pid, target)
+        if fd is not None and fd.what in ("file", "witness"):
+            raise TraceError(f"line {self.line}: {fd.path} written by a kernel copy "
+                             "(sendfile/copy_file_range/splice) is not modelled")
+
+    def _on_sendfile(self, pid, args, ret, path):
+        self._kernel_copy(pid, args[0])  # sendfile(out_fd, in_fd, ...)
+
+    def _on_copy_file_range(self, pid, args, ret, path):
+        self._kernel_copy(pid, args[2])  # (fd_in, off_in, fd_out, ...)
+
+    _on_splice = _on_copy_file_range
 
     def _on_lseek(self, pid, args, offset, path):
         fd = self._fd(pid, args[0])
@@ -410,6 +430,8 @@ class TraceParser:
         target_area, new = self._where(target)
         if source_area != "home" and target_area != "home":
             return
+        if old.endswith("-shm") and new.endswith("-shm"):
+            return  # never persistent state (a restart moves the old journal's)
         if source_area != target_area or old in self.dirs:
             raise TraceError(f"line {self.line}: rename {source} -> {target} is not modelled")
         if old not in self.names:
@@ -505,9 +527,28 @@ class CrashModel:
         return synced is not None and synced < k
 
     def pending(self, k: int) -> list:
-        """Indices of state-changing ops issued before ``k`` and not yet durable."""
+        """Indices of state-changing ops issued before ``k`` and not yet durable,
+        leaving out the content of files no crash state at ``k`` can show: every
+        name the inode ever had was durably removed (a scratch copy deleted,
+        its directory fsynced), so whichever of its writes survive, no state
+        differs."""
+        hidden = self._unnamed_inodes(k)
         return [op.index for op in self.ops[:k]
-                if op.kind in CONTENT_KINDS + NAME_KINDS and not self.durable(op.index, k)]
+                if op.kind in CONTENT_KINDS + NAME_KINDS and not self.durable(op.index, k)
+                and not (op.kind in CONTENT_KINDS and op.inode in hidden)]
+
+    def _unnamed_inodes(self, k: int) -> set:
+        """Inodes whose every name operation before ``k`` is durable and which
+        have no name in the durable state at ``k``: nameless in every state."""
+        named_by = defaultdict(list)
+        for op in self.ops[:k]:
+            if op.kind in ("creat", "rename", "link", "unlink"):
+                named_by[op.inode].append(op.index)
+        settled = {inode for inode, indices in named_by.items()
+                   if all(self.durable(index, k) for index in indices)}
+        if not settled:
+            return set()
+        return settled - set(self.materialize(k, frozenset(), {}).names.values())
 
     def materialize(self, k: int, keep: frozenset, torn: dict) -> FsState:
         names, dirs = dict(self.base.names), set(self.base.dirs)
@@ -624,8 +665,21 @@ def _drop_wal_sync(ops: list) -> list:
     return [op for op in ops if not (op.kind == "sync" and op.path.endswith(".sqlite3-wal"))]
 
 
+def _drop_source_dir_fsync(ops: list) -> list:
+    """Remove the fsync of the source directory that follows each rename
+    between two directories (the rename is durable only once both are)."""
+    dropped, waiting = set(), set()
+    for op in ops:
+        if op.kind == "rename" and os.path.dirname(op.path) != os.path.dirname(op.source):
+            waiting.add("dir:" + os.path.dirname(op.source))
+        elif op.kind == "sync" and op.objects[0] in waiting:
+            waiting.discard(op.objects[0])
+            dropped.add(op.index)
+    return [op for op in ops if op.index not in dropped]
+
+
 MUTANTS = {"no_dir_fsync_after_checkpoint": _drop_dir_fsync_after_checkpoint,
-           "no_wal_fsync": _drop_wal_sync}
+           "no_wal_fsync": _drop_wal_sync, "no_source_dir_fsync": _drop_source_dir_fsync}
 
 
 def mutate(ops: list, mutant: Optional[str]) -> list:
@@ -650,6 +704,9 @@ class Recording:
     ops: list
     strace_lines: int
     seconds: float
+    trace: str = ""   # the strace output (tests/kill_points.py reads it again)
+    home: str = ""    # the state root the program ran on
+    witness: str = ""
 
     def counts(self) -> dict:
         found = defaultdict(int)
@@ -682,6 +739,7 @@ def record(scenario: scenarios.Scenario, scratch: str) -> Recording:
         with open(info_path, encoding="utf-8") as stream:
             base_info = json.load(stream)
     base = FsState.from_directory(setup_home)
+    base_info["open"] = scenarios.open_operations(setup_home)
     home, witness = os.path.join(root, "run", "home"), os.path.join(root, "run", "witness")
     base.write_to(home)
     os.makedirs(witness)
@@ -704,7 +762,8 @@ def record(scenario: scenarios.Scenario, scratch: str) -> Recording:
                         if replayed.files().get(path) != actual.files().get(path))
         raise TraceError(f"{scenario.name}: replaying the trace does not give the files the "
                          f"program left: {differ}")
-    return Recording(scenario, base, base_info, ops, len(lines), time.monotonic() - started)
+    return Recording(scenario, base, base_info, ops, len(lines), time.monotonic() - started,
+                     trace, home, witness)
 
 
 # ------------------------------------------------------------------ exploring --
@@ -737,7 +796,7 @@ class Result:
                 f"{' (' + found + ')' if found else ''}, {self.seconds:.1f} s")
 
 
-class _Checkers:
+class Checkers:
     """One checker process per worker thread, closed together."""
 
     def __init__(self):
@@ -768,7 +827,7 @@ def explore(recording: Recording, *, exhaustive: bool = False, seed: int = 13,
     started = time.monotonic()
     ops = mutate(recording.ops, mutant)
     model = CrashModel(recording.base, ops)
-    facts = scenarios.facts_by_point(ops, recording.base_info, recording.scenario.program)
+    facts = scenarios.facts_by_point(ops, recording.base_info, recording.scenario)
     codes = scenarios.documented_codes()
     rng = random.Random(seed)
     groups, first, later, plans, capped = {}, [], [], 0, 0
@@ -786,7 +845,7 @@ def explore(recording: Recording, *, exhaustive: bool = False, seed: int = 13,
         later = rng.sample(later, budget)
     chosen = first + later
     scratch = tempfile.mkdtemp(prefix="crash-explorer-states-", dir=FAST_TMP)
-    checkers, violations, seen = _Checkers(), [], set()
+    checkers, violations, seen = Checkers(), [], set()
 
     def check(key: str) -> tuple:
         plan = next(iter(groups[key].values()))

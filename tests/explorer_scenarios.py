@@ -72,13 +72,17 @@ class Scenario:
     ``setup``: the setup steps that build the initial state, in order (each runs
     in its own process; ``*`` marks a step that ends in SIGKILL).  ``program``:
     ``call`` / ``call_raises`` (the guard program below) or an operator
-    command (``resolve``, ``repair-checkpoint``, ``archive``).  ``requires``:
-    an operator command that must exist, else the scenario is skipped."""
+    command (``resolve``, ``repair-checkpoint``, ``archive``,
+    ``restart-journal``).  ``requires``: an operator command that must exist,
+    else the scenario is skipped.  ``verdicts``: verdicts besides
+    CRASH_VERDICTS that a crash of this program may leave (the initial
+    state's own, for a program that replaces a damaged journal)."""
     name: str
     doc: str
     setup: tuple
     program: str
     requires: str = ""
+    verdicts: tuple = ()
 
 
 SCENARIOS = (
@@ -98,6 +102,16 @@ SCENARIOS = (
              ("seed", "*ahead_started"), "repair-checkpoint"),
     Scenario("archive", "operator_cli.py archive on a journal with closed operations",
              ("seed", "seed"), "archive", requires="archive"),
+    Scenario("restart", "operator_cli.py restart-journal on a journal whose head.json was "
+             "deleted while a call it journaled was pending (its side effect done): the pending "
+             "operation carried over, one lost operation brought back",
+             ("seed", "*pending", "lose_head"), "restart-journal", requires="restart-journal",
+             verdicts=("checkpoint_missing", "restart_interrupted")),
+    Scenario("restart_marker", "operator_cli.py restart-journal on a journal whose marker was "
+             "overwritten while a call it journaled was pending: head.json kept by a hard link, "
+             "the pending operation carried over, nothing lost",
+             ("seed", "*pending", "corrupt_marker"), "restart-journal",
+             requires="restart-journal", verdicts=("marker_corrupt", "restart_interrupted")),
 )
 SCENARIO_NAMES = tuple(scenario.name for scenario in SCENARIOS)
 
@@ -242,8 +256,16 @@ def _write_base_info(witness: str, info: dict) -> None:
 def run_setup(step: str, home: str, witness: str) -> int:
     """One setup step (its own process): ``seed`` (a returned call), ``pending``
     (killed inside the tool, after the side effect), ``ahead_returned`` /
-    ``ahead_started`` (killed between the head.json replace and COMMIT)."""
+    ``ahead_started`` (killed between the head.json replace and COMMIT),
+    ``lose_head`` (head.json deleted), ``corrupt_marker`` (the marker overwritten)."""
     os.makedirs(witness, exist_ok=True)
+    if step == "lose_head":  # the damage restart-journal is for: an unanchored history
+        os.unlink(os.path.join(data_dir(home), "head.json"))
+        return 0
+    if step == "corrupt_marker":  # a verdict with every event still anchored
+        with open(os.path.join(data_dir(home), "initialized"), "w", encoding="utf-8") as stream:
+            stream.write("not the marker\n")
+        return 0
     if step == "seed":
         guard_module, _ = _product()
         guard = guard_module.RecoveryGuard(data_dir(home))
@@ -416,6 +438,17 @@ def reference_summary(data: str) -> dict:
     return summary
 
 
+def open_operations(home: str) -> list:
+    """The open operations of the journal under a state root, as the
+    reference reads them: ``[{operation_id, tool, session_id, tool_call_id,
+    timestamp_ns}]`` (what a restart must carry over unchanged)."""
+    report = reference.verify(data_dir(home), require_head=False)
+    return [{"operation_id": operation_id, **{key: report.operations[operation_id][key] for key in
+                                              ("tool", "session_id", "tool_call_id",
+                                               "timestamp_ns")}}
+            for operation_id in report.unresolved()]
+
+
 def fingerprint(root: str) -> dict:
     """``{path: sha256}`` of the files under ``root`` (SQLite's -shm and an
     empty -wal, which any reader may create, left out)."""
@@ -464,8 +497,27 @@ def check_state(write_state, scratch: str, checker: CheckerProcess) -> dict:
         marker = os.path.join(scratch, "probe-after-repair-ran")
         outcome["repair"]["verify"], outcome["repair"]["probe"] = checker.run(
             [_cli(data, "verify"), {"probe": data, "marker": marker}])
+    verdict, _ = cli_verdict(outcome["verify"], None)
+    if verdict not in CRASH_VERDICTS and "restart-journal" in str(_next(outcome["verify"])):
+        # The documented next step of every other verdict: restart-journal.
+        home = os.path.join(scratch, "restarted")
+        write_state(home)
+        data = data_dir(home)
+        [restart] = checker.run([_cli(data, "restart-journal", "--evidence", EVIDENCE)])
+        marker = os.path.join(scratch, "probe-after-restart-ran")
+        outcome["restart"] = {"restart": restart, "ref": reference_summary(data)}
+        outcome["restart"]["status"], outcome["restart"]["probe"] = checker.run(
+            [_cli(data, "status"), {"probe": data, "marker": marker}])
     shutil.rmtree(scratch, ignore_errors=True)
     return outcome
+
+
+def _next(result: dict) -> Optional[str]:
+    """``error.next`` of one command's document, or None."""
+    try:
+        return json.loads(result.get("stdout", "")).get("error", {}).get("next")
+    except (ValueError, AttributeError):
+        return None
 
 
 def cli_verdict(result: dict, codes: Optional[set]) -> tuple:
@@ -522,19 +574,30 @@ class Facts:
     ``(kind, operation_id)`` whose append had returned to the caller.
     ``settled``: the program had finished successfully (a guard program after
     ``DONE``, an operator command once it printed ``"ok": true``), so the
-    journal must verify.  ``audit``: an operator.log action that must be there."""
+    journal must verify.  ``audit``: an operator.log action that must be there.
+    ``verdicts``: what else than CRASH_VERDICTS this program may leave;
+    ``kept_open``: the operations open in the initial state that every
+    journal the program leaves (after its documented next step) keeps open
+    with the same identity (a restart carries them over)."""
     side_effect: bool
     subject: Optional[str]
     events: tuple = ()
     settled: bool = False
     audit: Optional[str] = None
+    verdicts: tuple = ()
+    kept_open: tuple = ()
 
 
-def facts_by_point(ops: list, base_info: dict, program: str) -> list:
+def facts_by_point(ops: list, base_info: dict, scenario: Scenario) -> list:
     """``Facts`` for every trace point 0..len(ops)."""
+    program = scenario.program
     side, subject = bool(base_info.get("side_effect")), base_info.get("subject")
     events, settled, audit, output = [], False, None, b""
-    found = [Facts(side, subject)]
+    constant = {"verdicts": scenario.verdicts,
+                "kept_open": tuple(json.dumps(operation, sort_keys=True) for operation in
+                                   base_info.get("open", ())) if program == "restart-journal"
+                else ()}
+    found = [Facts(side, subject, **constant)]
     for op in ops:
         if op.kind == "witness_open" and op.path == SIDE_EFFECT:
             side = True
@@ -560,7 +623,9 @@ def facts_by_point(ops: list, base_info: dict, program: str) -> list:
                 if document.get("lost_operation"):
                     events += [("started", document["lost_operation"]),
                                ("uncertain", document["lost_operation"])]
-        found.append(Facts(side, subject, tuple(events), settled, audit))
+                events += [("started", operation_id)
+                           for operation_id in document.get("carried_over") or ()]
+        found.append(Facts(side, subject, tuple(events), settled, audit, **constant))
     return found
 
 
@@ -611,9 +676,11 @@ def evaluate(facts: Facts, outcome: dict, codes: set, files: dict) -> list:
         if sorted(op.get("operation_id") for op in listed) != sorted(ref["unresolved"]):
             found.append(("ok_but_unverifiable", f"status lists {len(listed)} open, the "
                           f"reference {ref['unresolved']}"))
-    if verify not in CRASH_VERDICTS:
+    if verify not in CRASH_VERDICTS | set(facts.verdicts):
         found.append(("crash_verdict", f"verify reports {verify}, which is not a state the "
                       f"documentation says a crash can leave (protected call: {probe})"))
+    if verify == "ok" and status == "ok":
+        found += _identity_problems(facts, outcome["status"], "")
     exposed = facts.side_effect and facts.subject not in ref["closed"]
     if exposed and probe == "ran":
         found.append(("gate_opened", f"the side effect of {facts.subject} may exist, the journal "
@@ -646,7 +713,46 @@ def evaluate(facts: Facts, outcome: dict, codes: set, files: dict) -> list:
                 if event in present and event not in {tuple(e) for e in repair["ref"]["events"]}]
         if gone:
             found.append(("event_lost", f"repair-checkpoint removed returned events {gone}"))
+    restart = outcome.get("restart")
+    if restart is not None:
+        restarted, issues = cli_verdict(restart["restart"], codes)
+        after, later = cli_verdict(restart["status"], codes)
+        probe_after, last = probe_verdict(restart["probe"], codes)
+        found += [("bad_outcome", f"after restart: {problem}")
+                  for problem in issues + later + last]
+        if restarted != "ok" or after != "ok" or not restart["ref"]["ok"]:
+            found.append(("restart_failed", f"verify says {verify} and names restart-journal, "
+                          f"which says {restarted}; status after it {after}, reference "
+                          f"{restart['ref']['errors']}"))
+        if exposed and probe_after == "ran":
+            found.append(("restart_opened_gate", f"after restart-journal a new protected call "
+                          f"ran although the side effect of {facts.subject} may exist"))
+        found += _identity_problems(facts, restart["status"], "after restart-journal ")
     return found
+
+
+def _identity_problems(facts: Facts, status: dict, when: str) -> list:
+    """``identity_lost``: an operation open in the initial state is not open
+    in ``status`` with the same id, tool, session, call id and start time."""
+    if not facts.kept_open:
+        return []
+    try:
+        listed = {operation["operation_id"]: operation
+                  for operation in json.loads(status.get("stdout", "")).get("unresolved", [])}
+    except (ValueError, AttributeError, KeyError, TypeError):
+        return [("identity_lost", f"{when}status lists no operations")]
+    problems = []
+    for text in facts.kept_open:
+        wanted = json.loads(text)
+        shown = listed.get(wanted["operation_id"])
+        seen = None if shown is None else {
+            "operation_id": shown["operation_id"], "tool": shown.get("tool"),
+            "session_id": shown.get("session_id"), "tool_call_id": shown.get("tool_call_id"),
+            "timestamp_ns": shown.get("started_ns")}
+        if seen != wanted:
+            problems.append(("identity_lost", f"{when}status shows {seen} for the operation "
+                             f"open before as {wanted}"))
+    return problems
 
 
 def main(argv: Optional[list] = None) -> int:

@@ -127,6 +127,7 @@ class Report:
     events: List[Dict[str, Any]] = field(default_factory=list)
     operations: Dict[str, Dict[str, Any]] = field(default_factory=dict)
     checkpoint: Any = None
+    created_ns: Optional[int] = None
 
     def state_of(self, operation_id: str) -> Optional[str]:
         record = self.operations.get(operation_id)
@@ -172,6 +173,13 @@ def _payload_errors(value: Any, schema: str) -> List[str]:
         for key in ("session_id", "tool_call_id"):
             if key not in value or not (value[key] is None or isinstance(value[key], str)):
                 errors.append(key)
+        window = value.get("lost_window")
+        if window is not None and not (
+                isinstance(window, dict) and isinstance(window.get("before_ns"), int)
+                and (window.get("after_ns") is None or isinstance(window["after_ns"], int))
+                and window.get("after_source", "last_verified_event") in (
+                    "last_verified_event", "journal_created", "marker_written")):
+            errors.append("lost_window")
     elif kind in REASONS:
         if not is_hex64(value.get("result_hash")):
             errors.append("result_hash")
@@ -205,7 +213,8 @@ def _apply(report: Report, seq: int, event: Dict[str, Any]) -> Optional[str]:
             return f"started reuses {op}"
         report.operations[op] = {"state": "pending", "tool": event["tool"],
                                  "session_id": event["session_id"],
-                                 "tool_call_id": event["tool_call_id"], "reason": None,
+                                 "tool_call_id": event["tool_call_id"],
+                                 "timestamp_ns": event["timestamp_ns"], "reason": None,
                                  "outcome": None, "evidence": None, "late": None,
                                  "events": [kind], "started_seq": seq}
         return None
@@ -251,6 +260,11 @@ def verify(data_dir: str, *, require_head: bool = True) -> Report:
     if report.schema != SCHEMA or not is_uuid(report.journal_id):
         report.errors.append("metadata")
         return report
+    created = metadata.get("created_ns")  # written since this row existed: digits, ns
+    if created is not None and not (isinstance(created, str) and created.isascii()
+                                    and created.isdigit()):
+        report.errors.append(f"metadata created_ns {created!r} is not an integer")
+    report.created_ns = int(created) if created is not None and not report.errors else None
     previous = report.genesis = genesis(report.journal_id)
     report.hashes = [previous]
     for index, (seq, payload, stored_previous, stored_hash) in enumerate(found["rows"], start=1):

@@ -28,7 +28,7 @@ from support import JournalTestCase, run_cli
 from crash_recovery import operator_cli
 from crash_recovery.guard import RecoveryGuard
 from crash_recovery.journal import Journal
-from crash_recovery.reconciliation import commands
+from crash_recovery.reconciliation import audit  # operator.log lines
 from crash_recovery.storage import database, durable
 
 
@@ -94,7 +94,7 @@ class OperatorLogDirectory(JournalTestCase):
         [operation_id] = self.assertVerifies().unresolved()
         synced = []
         real = durable.fsync_directory
-        with mock.patch.object(commands, "fsync_directory",
+        with mock.patch.object(audit, "fsync_directory",
                                lambda path: (synced.append(os.path.abspath(path)), real(path))):
             with contextlib.redirect_stdout(io.StringIO()) as stdout:
                 code = operator_cli.main(["--data-dir", self.data_dir, "resolve", operation_id,

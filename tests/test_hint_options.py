@@ -13,7 +13,8 @@ import unittest
 import support  # noqa: F401  (loads the package)
 from crash_recovery import operator_cli
 from crash_recovery.host.dashboard import PAGE_HINTS
-from crash_recovery.reconciliation.commands import COMMANDS, ERROR_HINTS, hint_for
+from crash_recovery.reconciliation.commands import COMMANDS
+from crash_recovery.reports.hints import ERROR_HINTS, hint_for
 from crash_recovery.reports.messages import INTEGRITY_VERDICTS, NEXT_STEPS, next_step
 
 # An option: a dash or two, a letter, not inside a word (journal.sqlite3-wal).

@@ -14,7 +14,7 @@ import unittest
 from support import JournalTestCase, run_cli
 from crash_recovery import operator_cli
 from crash_recovery.guard import RecoveryGuard
-from crash_recovery.reconciliation.commands import ERROR_HINTS
+from crash_recovery.reports.hints import ERROR_HINTS
 
 HERMES_WORDS = ("hermes", "-p", "work", "crash-recovery")
 

@@ -241,6 +241,37 @@ class EditsBehindTheWorkersBack(ProtectedCallCase):
         self.assertEqual(self.blocked_code(self.call(guard, tool, "call-1")), "hash_mismatch")
         self.assertEqual(tool.calls, 0)
 
+    def test_a_checkpoint_costs_a_warm_worker_no_full_verification(self):
+        # A SQLite checkpoint (any process's: a worker's autocheckpoint, the
+        # sqlite3 shell) changes the database file and not data_version, as a
+        # raw edit would; with the WAL holding frames it is taken for one.
+        guard = RecoveryGuard(self.data_dir)
+        self.addCleanup(guard.close)
+        self.call(guard, Tool(), "call-0")
+        store = guard.gate.opened_journal._store
+        full, verify_all = [], store._full_chain
+
+        def counted(*args, **kwargs):
+            full.append(1)
+            return verify_all(*args, **kwargs)
+        store._full_chain = counted
+        self.addCleanup(vars(store).pop, "_full_chain", None)
+        database = os.path.join(self.data_dir, "journal.sqlite3")
+        subprocess.run([sys.executable, "-c", FOLD_WAL.replace("TRUNCATE", "PASSIVE"), database],
+                       check=True, timeout=60)
+        tool = Tool()
+        self.assertEqual(self.call(guard, tool, "call-1"), '{"status": "booked"}')
+        self.assertEqual((tool.calls, full), (1, []))
+        # The price: a raw edit right after a checkpoint looks like part of it
+        # to the warm worker until its next full verification; a new process,
+        # verify and status see it at once.
+        subprocess.run([sys.executable, "-c", FOLD_WAL, database], check=True, timeout=60)
+        self.raw_edit_session()
+        self.assertEqual(self.blocked_code(self.call(RecoveryGuard(self.data_dir), Tool(),
+                                                     "call-2")), "hash_mismatch")
+        code, result, _ = run_cli(self.data_dir, "verify")
+        self.assertEqual((code, result["integrity"]), (1, "hash_mismatch"))
+
     def test_deleted_wal_under_a_live_worker_refuses(self):
         guard = RecoveryGuard(self.data_dir)
         self.call(guard, Tool(), "call-0")

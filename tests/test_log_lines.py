@@ -132,10 +132,10 @@ class OperatorLogLines(JournalTestCase):
     """operator.log: one JSON line per action, for any reader of lines."""
 
     def test_evidence_with_separators_stays_one_line(self):
-        from crash_recovery.reconciliation.commands import _append_operator_log, read_operator_log
+        from crash_recovery.reconciliation.audit import append_operator_log, read_operator_log
         os.makedirs(self.data_dir)
         evidence = f"receipt R-1\u2028{FORGED_LINE}\x85\u2029\n\x1b[0m"
-        self.assertIsNone(_append_operator_log(self.data_dir, {"evidence": evidence}))
+        self.assertIsNone(append_operator_log(self.data_dir, {"evidence": evidence}))
         with open(os.path.join(self.data_dir, "operator.log"), encoding="utf-8") as stream:
             text = stream.read()
         self.assertEqual(len(text.splitlines()), 1)  # str.splitlines splits on all of them

@@ -126,11 +126,16 @@ class ModeSwitchedWhileAnOperationIsOpen(JournalTestCase):
         first.close()
         switched = RecoveryGuard(self.data_dir, settings={"protected_tools": ["book_trip"]})
         self.addCleanup(switched.close)
+        calls = []
         with self.assertLogs("crash_recovery", "WARNING") as logs:
-            switched.is_protected("terminal")
+            # Unprotected now, so the gate's first read (is it closed?) finds the operation.
+            result = switched.tool_execution("send_payment", {"cents": 500},
+                                             lambda: calls.append("paid"))
         text = "\n".join(logs.output)
         self.assertIn("send_payment", text)
         self.assertIn("no longer protect", text)
+        self.assertEqual(calls, [])  # while the operation is open the gate stays closed
+        self.assertEqual(json.loads(result)["code"], "unresolved_operations")
 
 
 if __name__ == "__main__":

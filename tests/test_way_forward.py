@@ -235,44 +235,60 @@ operator_cli.main(["--data-dir", {data_dir!r}, "restart-journal", "--evidence", 
 
 
 class RestartKilledMidway(WalLossCase):
-    """A crash at any step of the switch leaves a closed gate, and running the
-    command again keeps every operation that may have run open."""
+    """A crash at a step of the switch leaves a closed gate that reads
+    ``restart_interrupted``, and running the command again finishes the first
+    run's restart: the same evidence folder, the same operations carried over
+    (tests/test_restart_killed.py kills it before every system call)."""
 
     def kill_restart_at(self, boundary: str) -> None:
         killed = subprocess.run([sys.executable, "-c", KILLED_RESTART.format(
             tests=TESTS, boundary=boundary, data_dir=self.data_dir)], capture_output=True)
         self.assertEqual(killed.returncode, -signal.SIGKILL, killed.stderr)
 
-    def refused_then_restarted(self, request: str) -> None:
+    def refused_then_restarted(self, request: str) -> dict:
         """A new worker's call is refused and runs nothing; then, every worker
-        stopped, restart-journal succeeds."""
+        stopped, restart-journal finishes the first run's restart."""
         worker = LiveWorker(self, self.data_dir, self.service)
         refused = worker.call(request)
         self.assertEqual((refused["result"]["blocked"], refused["side_effects"]), (True, 0))
         worker.kill()
         code, restarted, _ = run_cli(self.data_dir, "restart-journal", "--evidence", EVIDENCE)
-        self.assertEqual(code, 0, restarted)
+        self.assertEqual((code, restarted["resumed"]), (0, True), restarted)
+        return restarted
 
-    def check_killed_at(self, boundary: str, *, carried: bool) -> None:
+    def check_killed_at(self, boundary: str) -> None:
         op3 = self.lose_the_wal()
         self.kill_restart_at(boundary)
         code, document, _ = run_cli(self.data_dir, "status")
-        self.assertEqual(code, 1, document)
+        self.assertEqual((code, document["integrity"]), (1, "restart_interrupted"), document)
         self.assertIn("restart-journal", document["error"]["next"])
-        self.refused_then_restarted("r9")
+        code, _, text = run_cli(self.data_dir, "status", "--format", "text")
+        self.assertEqual(text.splitlines()[0], "error: restart_interrupted")
+        self.assertIn("hint: restart-journal stopped half-way", text)
+        self.assertIn(f"next: {document['error']['next']}", text)
+        restarted = self.refused_then_restarted("r9")
         tools = {operation["operation_id"]: operation["tool"]
                  for operation in self.open_operations()}
-        self.assertIn("unknown", tools.values())
-        self.assertEqual(op3 in tools, carried)
-        self.assertEqual(len(os.listdir(os.path.join(self.data_dir, "replaced"))), 2)
-        self.assertEqual([name for name in os.listdir(self.data_dir) if name.endswith(".tmp")], [])
+        self.assertEqual(tools, {op3: "book_flight", restarted["lost_operation"]: "unknown"})
+        self.assertEqual(restarted["carried_over"], [op3])
+        self.assertEqual(os.listdir(os.path.join(self.data_dir, "replaced")),
+                         [os.path.basename(restarted["evidence_directory"])])
+        # The WAL was lost, and the refused worker made no new one (a refusal
+        # changes no file): what is moved is what the crash left.
+        self.assertEqual(sorted(restarted["moved"]), ["head.json", "initialized",
+                                                      "journal.sqlite3", "journal.sqlite3-shm"])
+        self.assertEqual([name for name in os.listdir(self.data_dir)
+                          if name.endswith(".tmp") or name == "restart.json"], [])
+        with open(os.path.join(self.data_dir, "operator.log"), encoding="utf-8") as stream:
+            actions = [json.loads(line)["action"] for line in stream]
+        self.assertEqual(actions.count("restart-journal"), 1)
         self.assertVerifies()
 
     def test_killed_after_moving_the_old_database(self):
-        self.check_killed_at("moved_journal.sqlite3", carried=False)
+        self.check_killed_at("moved_journal.sqlite3")
 
     def test_killed_after_placing_the_new_database(self):
-        self.check_killed_at("placed_initialized", carried=True)
+        self.check_killed_at("placed_initialized")
 
     def test_a_journal_without_head_json_never_looks_fresh_midway(self):
         worker = LiveWorker(self, self.data_dir, self.service)
@@ -281,7 +297,8 @@ class RestartKilledMidway(WalLossCase):
         os.unlink(os.path.join(self.data_dir, "head.json"))
         self.kill_restart_at("moved_journal.sqlite3")
         code, document, _ = run_cli(self.data_dir, "status")
-        self.assertEqual((code, document["integrity"]), (1, "missing_database"))
+        self.assertEqual((code, document["integrity"], document["error"]["found"]),
+                         (1, "restart_interrupted", "missing_database"))
         self.refused_then_restarted("r2")
         self.assertEqual([operation["tool"] for operation in self.open_operations()],
                          ["unknown"])

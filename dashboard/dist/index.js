@@ -101,6 +101,17 @@
     return (status && status.check && status.check.reasons) || [];
   }
 
+  // An operation brought back for a lost event has no start of its own: the
+  // window in which its call, if any, happened (docs/cli.md, lost_after/lost_before).
+  const WINDOW_STARTS = { last_verified_event: "the last verified event", journal_created: "the journal's creation",
+                          marker_written: "the journal's marker was written" };
+  function lostWindowText(op) {
+    const after = op.lost_after ? "after " + op.lost_after + " UTC (" + (WINDOW_STARTS[op.lost_after_source] || "recorded") + ")"
+                                : "at a time nothing recorded bounds";
+    return "a call lost in a crash: if it happened, it started " + after + " and before " + op.lost_before +
+      " UTC (when it was brought back); its tool, session and tool call are unknown: check the services for any call in that window";
+  }
+
   // open / busy / closed / untrusted, a sentence saying why, and whether a
   // person is needed (then the page is as loud as for a closed gate).
   function gateOf(status) {
@@ -199,9 +210,11 @@
         "This call is still running (pid " + op.owner_pid + "): it records its own outcome when it ends, so it can only be resolved by force. ",
         "Do that only if its worker hangs and cannot be stopped; protected calls then run again while it still may act.") : null,
       h("div", { style: { marginBottom: 6 } },
-        "Stop every worker of this profile, check the real service for this call (tool ",
-        h("code", null, op.tool), ", session ", h("code", null, String(op.session_id)), ", tool call ",
-        h("code", null, String(op.tool_call_id)), ", started ", op.started_at, "), then record what you found. ",
+        "Stop every worker of this profile, check the real service for this call (",
+        op.lost_before ? h("span", { "data-testid": "cr-lost-window-" + id }, lostWindowText(op)) : [
+          "tool ", h("code", { key: "t" }, op.tool), ", session ", h("code", { key: "s" }, String(op.session_id)), ", tool call ",
+          h("code", { key: "c" }, String(op.tool_call_id)), ", started ", op.started_at],
+        "), then record what you found. ",
         "Cannot tell? Do not settle: the gate stays closed, which is safe."),
       h("label", { style: { marginRight: 12 } },
         h("input", { type: "radio", name: "outcome-" + id, value: "completed", "data-testid": "cr-outcome-completed-" + id,
@@ -280,10 +293,15 @@
       return h("div", { key: id, "data-testid": "cr-op-" + id, "data-state": op.state, "data-owner": op.owner || "",
                         style: { borderTop: "1px solid #8883", padding: "8px 0" } },
         h("div", null, h("strong", null, op.tool), " - ", h("span", { "data-testid": "cr-op-state-" + id }, op.state),
-          op.reason ? " (" + op.reason + ")" : "", ", started ", op.started_at, " UTC, ", describeAge(op.age_seconds),
+          op.reason ? " (" + op.reason + ")" : "",
+          op.lost_before ? [", ", h("span", { key: "w", "data-testid": "cr-op-window-" + id }, lostWindowText(op)), ", recorded ",
+                            op.recorded_at, " UTC, "]
+                         : [", started ", op.started_at, " UTC, "],
+          describeAge(op.age_seconds),
           op.clock_ahead_seconds ? " in the future (its process's clock was ahead)" : " ago", ", owner ",
           h("span", { "data-testid": "cr-op-owner-" + id }, ownerText(op))),
-        h("div", { style: mono }, "operation ", id, " | session ", String(op.session_id), " | tool call ", String(op.tool_call_id)),
+        h("div", { style: mono }, "operation ", id, op.lost_before ? " | session and tool call unknown"
+                                                    : " | session " + String(op.session_id) + " | tool call " + String(op.tool_call_id)),
         runningNow(op) ? h("div", { "data-testid": "cr-op-running-" + id, style: { marginTop: 4 } },
           "Running now: nothing to settle while it runs (other protected calls wait for it). It can only be forced, if its worker hangs.") : null,
         h("div", { style: { marginTop: 4, display: "flex", gap: 8 } },

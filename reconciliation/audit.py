@@ -1,0 +1,100 @@
+"""``operator.log``: one canonical JSON line per operator action, beside the
+journal (docs/cli.md §operator.log).  The journal event is the source of
+truth; this log is for people and their tools, so a failure to write it is
+reported, never raised.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from typing import Any, Optional
+
+from ..reports.messages import iso_utc
+from ..storage.durable import fsync_directory, open_regular_file, read_regular_file
+from ..storage.record import canonical_text
+from .caller import Caller, os_identity, this_process
+
+OPERATOR_LOG_NAME = "operator.log"
+# Enough to re-run a verification on many past repairs, bounded so a huge log
+# cannot make `verify` slow.
+OPERATOR_LOG_MAX_LINES = 10000
+OPERATOR_LOG_MAX_BYTES = 16 * 1024 * 1024
+
+
+def append_operator_log(data_dir: str, entry: dict) -> Optional[str]:
+    """Append one JSON line and fsync; returns an error text instead of raising
+    (the journal event is already durable and is the source of truth)."""
+    # One action, one line, for any reader: the separators JSON leaves raw
+    # (NEL, U+2028, U+2029) break lines for many, so they are escaped too.
+    text = canonical_text(entry)
+    for separator in ("\x85", "\u2028", "\u2029"):
+        text = text.replace(separator, f"\\u{ord(separator):04x}")
+    line = (text + "\n").encode("utf-8")
+    try:
+        descriptor = open_regular_file(os.path.join(data_dir, OPERATOR_LOG_NAME),
+                                       os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        try:
+            os.write(descriptor, line)
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+        fsync_directory(data_dir)  # the file's name, when this append created it
+    except OSError as exc:
+        return f"{OPERATOR_LOG_NAME} not written: {exc.strerror or exc}"
+    return None
+
+
+def read_operator_log(data_dir: str) -> list:
+    """Past operator actions (dicts), oldest first; unreadable lines are
+    reported as ``{"unreadable_line": N}``."""
+    path = os.path.join(data_dir, OPERATOR_LOG_NAME)
+    try:
+        lines = read_regular_file(path, OPERATOR_LOG_MAX_BYTES).splitlines()
+        lines = lines[-OPERATOR_LOG_MAX_LINES:]
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        return [{"unreadable": str(exc)}]
+    entries = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            entries.append(json.loads(line))
+        except ValueError:
+            entries.append({"unreadable_line": number})
+    return entries
+
+
+def operator_identity() -> dict:
+    """Who runs this command as far as the system knows: ``{"uid", "user",
+    "host"}`` (:func:`caller.os_identity`: the password database's name for the
+    uid, never ``$USER``)."""
+    return os_identity()
+
+
+def command_caller(args: argparse.Namespace) -> Caller:
+    """The :class:`caller.Caller` of a command: ``args.caller`` (the
+    dashboard's request peer), else this process run from a shell (``cli``)."""
+    caller = getattr(args, "caller", None)
+    return caller if isinstance(caller, Caller) else this_process()
+
+
+def acting_operator(args: argparse.Namespace) -> dict:
+    """Who acts: the caller's identity (uid, user, host, ``via``, for the
+    dashboard its request peer) plus what the caller knows of the person
+    (``args.operator_via``, e.g. the dashboard's ``{"via": "dashboard",
+    "dashboard_user": ...}``, docs/dashboard.md); recorded in the journal event
+    and in ``operator.log``."""
+    return {**command_caller(args).identity(), **(getattr(args, "operator_via", None) or {})}
+
+
+def log_action(data_dir: str, action: str, result: dict,
+                operator: Optional[dict] = None, **entry: Any) -> None:
+    """Append one ``operator.log`` line (docs/cli.md §operator.log); a failure
+    is reported in ``result`` (the journal event is the source of truth)."""
+    problem = append_operator_log(data_dir, {
+        "time": iso_utc(time.time_ns()), "action": action,
+        "operator": operator or operator_identity(), **entry})
+    if problem:
+        result["operator_log_error"] = problem
