@@ -211,6 +211,11 @@ class _ForkReset:
         for parked in _PARKED.values():
             for _, connection in parked:
                 forksafe.abandon(connection)
+        # Registered ones too: one whose Database was dropped unclosed is held
+        # only here, and the child's garbage collector would close it.
+        for entry in _REGISTERED.values():
+            for connection in entry[1]:
+                forksafe.abandon(connection)
         _PARKED.clear()
         _REGISTERED.clear()  # the descriptors stay open: the lock is the parent's
         _SPARE.clear()
