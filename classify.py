@@ -28,9 +28,10 @@ conservative answer (error, so the operation becomes ``uncertain``) wins:
   disagree about which value counts (Python keeps the last, others the first).
 * bytes are read as UTF-8 and as the encoding ``json`` detects (UTF-16/32):
   an error in either reading is an error; undecodable bytes are not JSON (normal).
-* Text that *is* JSON but cannot be decoded here -- nesting deeper than the
-  recursion limit, an integer longer than Python's int-conversion limit -- is an
-  error: it may well be ``{"error": ...}``.  So is text that starts with a JSON
+* Text that *is* JSON but is not read here -- nesting deeper than
+  ``MAX_NESTING`` arrays and objects (the canonical encoding's limit, the same
+  on every Python whatever its recursion limit), an integer longer than
+  Python's int-conversion limit -- is an error: it may well be ``{"error": ...}``.  So is text that starts with a JSON
   object and goes on (JSON Lines, a trailing NUL, ``{"error": "x"} (request 7)``):
   ambiguous.  Other syntax errors mean plain text (normal).
 * An object whose own methods raise while it is inspected is an error.
@@ -42,6 +43,8 @@ from __future__ import annotations
 import json
 import unicodedata
 from typing import Any
+
+from .storage.record import MAX_NESTING
 
 # Double-encoded JSON is decoded at most this many times: deep enough for every
 # wrapper seen in practice, bounded so hostile input cannot loop.
@@ -107,7 +110,22 @@ def _decode(response: Any) -> Any:
             return _UNDECODABLE if _starts_with_object(text) else None
         except (ValueError, RecursionError):
             return _UNDECODABLE  # JSON too deep or with a too-long integer
+        if len(text) > 2 * MAX_NESTING and _nested_too_deep(value):
+            return _UNDECODABLE  # Python 3.13+ decodes deeper than 3.11: our limit decides
     return value if not isinstance(value, str) else None
+
+
+def _nested_too_deep(value: Any) -> bool:
+    """Whether decoded JSON holds arrays and objects more than
+    ``MAX_NESTING`` deep; level by level, no recursion."""
+    level = [value]
+    for _ in range(MAX_NESTING):
+        level = [child for item in level
+                 for child in (item.values() if isinstance(item, dict) else item)
+                 if isinstance(child, (dict, list))]
+        if not level:
+            return False
+    return True
 
 
 def _invisible(character: str) -> bool:
@@ -162,7 +180,9 @@ def _starts_with_object(text: str) -> bool:
     """Does ``text`` begin with a complete JSON object (followed by more)?"""
     try:
         value, _ = _DECODER.raw_decode(text)
-    except (ValueError, RecursionError):
+    except RecursionError:
+        return True  # an object too deep to read (a shallower one would be): conservative
+    except ValueError:
         return False
     return isinstance(value, dict)
 

@@ -54,7 +54,7 @@ from .storage.call_lock import CallLock, held_calls
 from .storage.durable import reach_boundary
 from .storage.errors import AdmissionRefused, EncodingError, JournalError
 from .storage.log_lines import plugin_logger
-from .storage.record import fingerprint, value_hash
+from .storage.record import call_hashes, value_hash
 
 logger = plugin_logger(__name__)
 
@@ -153,17 +153,18 @@ class RecoveryGuard:
             if value is not None and not isinstance(value, str):
                 raise Refusal("invalid_request", f"{name} is not text; nothing was run.")
         try:
-            args_hash = value_hash(args)
-            call_fingerprint = fingerprint(tool_name, args)
+            args_hash, call_fingerprint = call_hashes(tool_name, args)
             for value in (tool_name, session_id, tool_call_id):
                 if value is not None:
                     value.encode("utf-8")
         except (EncodingError, UnicodeEncodeError) as exc:
-            message = exc.message if isinstance(exc, JournalError) else "text is not valid UTF-8"
+            problem = (f"in its arguments, {exc.message}" if isinstance(exc, JournalError)
+                       else "its tool name, session id or call id is not valid UTF-8")
             raise Refusal("non_canonical_arguments",
-                           f"The call to {tool_name} cannot be journaled: {message} (NaN, "
-                           "infinity, bytes, sets, non-text keys and lone surrogates have no "
-                           "canonical JSON form). Nothing was run; send plain JSON values.") from None
+                           f"The call to {tool_name} cannot be journaled: {problem}. "
+                           "Nothing was run. Arguments must be plain JSON values (text, numbers, "
+                           "true, false, null, arrays, objects with text keys), none inside "
+                           "itself; tell the user the call was refused.") from None
         return (tool_name, session_id, tool_call_id, args_hash), call_fingerprint
 
     # ---------------------------------------------------------- refusals --

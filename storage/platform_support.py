@@ -11,7 +11,11 @@ under the data directory:
   journal) survives a power loss (refused on some platforms and file systems);
 * a local file system: SQLite's WAL mode and POSIX locks are not reliable over
   a network file system (NFS, SMB/CIFS, sshfs, ...).  Detected on Linux from
-  ``/proc/mounts``; elsewhere it cannot be detected.
+  ``/proc/mounts``; elsewhere it cannot be detected, nor where that table lists
+  no mount holding the data directory (inside a chroot whose root is not a
+  mount point the kernel leaves out every mount outside it): the check then
+  passes, as on macOS, rather than refuse every protected call in every such
+  chroot.
 
 :func:`platform_problem` names the first that is missing, with what to do.
 Where one is missing the plugin still loads: protected calls are refused

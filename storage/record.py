@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+from math import isfinite
 import re
 import uuid
 from json.encoder import encode_basestring as _json_string
-from typing import Any, Optional
+from typing import Any, Iterator, List, Optional, Tuple
 
 from .errors import EncodingError, short
 
@@ -55,45 +56,213 @@ LOST_TOOL = "unknown"
 KIND_ARCHIVED = "archived"
 
 # ------------------------------------------------------- canonical encoding --
+# C(x) is json.dumps' output (docs/format.md §Canonical encoding), produced here
+# by our own iterative encoder so that what is admitted never depends on the
+# interpreter (its recursion limit, its json module) and every value ends in a
+# result or a refusal, in bounded time and memory.  Our limits, the same on
+# every Python:
+MAX_NESTING = 512                    # arrays and objects inside one another
+MAX_VALUES = 1_000_000               # every value counts, each time it appears
+MAX_CANONICAL_BYTES = 64 * 1024 * 1024   # UTF-8 bytes of C(x)
+MAX_INTEGER_DIGITS = 4300            # CPython's default int-to-text limit
+_INTEGER_BOUND = 10 ** MAX_INTEGER_DIGITS
+_FLUSH_PIECES = 4096                 # pieces joined into one chunk at a time
+_END = object()
+
 
 def canonical_text(value: Any) -> str:
     """``C(x)`` (docs/format.md §Canonical encoding) as ``str``.
 
+    The bytes ``json.dumps(value, sort_keys=True, separators=(",", ":"),
+    ensure_ascii=False, allow_nan=False)`` would give, within our limits.
     Only string keys are accepted: JSON turns ``1`` and ``"1"`` into the same key,
     so stringifying would let two different argument sets share one hash.
-    Tuples are encoded as arrays, exactly like lists.  Raises
-    :class:`EncodingError` (code ``non_canonical_value``).
+    Tuples are encoded as arrays, exactly like lists; a sub-object that appears
+    in several places is encoded at each.  Raises :class:`EncodingError` (code
+    ``non_canonical_value``, the message says what and where) for NaN and
+    infinities, non-JSON types, lone surrogates, non-text keys, integers over
+    :data:`MAX_INTEGER_DIGITS` digits, a value that contains itself, nesting
+    deeper than :data:`MAX_NESTING`, more than :data:`MAX_VALUES` values or
+    more than :data:`MAX_CANONICAL_BYTES` bytes.
     """
-    _reject_non_string_keys(value)
-    try:
-        text = json.dumps(value, sort_keys=True, separators=(",", ":"),
-                          ensure_ascii=False, allow_nan=False)
-        text.encode("utf-8")  # lone surrogates only fail here
-    except (ValueError, TypeError, RecursionError) as exc:
-        raise EncodingError("non_canonical_value",
-                            f"value has no canonical JSON form ({type(exc).__name__}: "
-                            f"{short(str(exc))})") from None
-    return text
-
-
-def _reject_non_string_keys(value: Any) -> None:
-    """Walk containers iteratively (deep nesting must not recurse here)."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
-            for key, child in item.items():
-                if not isinstance(key, str):
-                    raise EncodingError("non_canonical_value",
-                                        f"object key of type {type(key).__name__} is not a string")
-                stack.append(child)
-        elif isinstance(item, (list, tuple)):
-            stack.extend(item)
+    return "".join(_canonical_chunks(value))
 
 
 def canonical_bytes(value: Any) -> bytes:
     """``C(x)`` as UTF-8 bytes; raises :class:`EncodingError`."""
     return canonical_text(value).encode("utf-8")
+
+
+def _canonical_chunks(value: Any) -> Iterator[str]:
+    """``C(value)`` in consecutive pieces of text (every one valid UTF-8).
+
+    One loop, no recursion: ``frames`` holds the open arrays and objects as
+    ``[children, closing text, id, is_object, position]``; ``open_ids`` their
+    ids, so a container met again while it is open (a cycle) is refused, while
+    one met again after it closed (shared, not a cycle) is encoded again.
+    """
+    pieces: List[str] = []
+    frames: List[list] = []
+    open_ids: set = set()
+    size = count = 0
+    item = value
+    while True:
+        count += 1
+        if count > MAX_VALUES:
+            raise _over_limit(frames, f"more than {MAX_VALUES:,} values (each counted every "
+                                      "time it appears)")
+        if item is None:
+            piece = "null"
+        elif item is True:
+            piece = "true"
+        elif item is False:
+            piece = "false"
+        elif isinstance(item, str):
+            piece = _json_string(item)
+            if not piece.isascii():
+                size += _extra_utf8_bytes(piece, frames, "value")
+        elif isinstance(item, int):
+            piece = _integer_text(item, frames)
+        elif isinstance(item, float):
+            if not isfinite(item):
+                name = "NaN" if item != item else "Infinity" if item > 0 else "-Infinity"
+                raise _refusal(frames, f"is {name}, a number JSON cannot carry")
+            piece = float.__repr__(item)
+        elif isinstance(item, (list, tuple, dict)):
+            if len(frames) >= MAX_NESTING:
+                raise _refusal(frames, f"is nested deeper than {MAX_NESTING} arrays and objects")
+            if id(item) in open_ids:
+                kind = "object" if isinstance(item, dict) else "array"
+                raise _refusal(frames, f"is the {kind} at {_where(frames[:_open_index(frames, item)])}"
+                                       " again: a value that contains itself has no JSON form")
+            if isinstance(item, dict):
+                for key in item:
+                    if not isinstance(key, str):
+                        raise _refusal(frames, f"has a key of type {type(key).__name__} "
+                                       f"({short(repr(key), 40)}), not text: JSON would turn "
+                                       '1 and "1" into the same key')
+                children = iter(sorted(item.items(), key=_first))
+                frames.append([children, "}", id(item), True, None])
+                piece = "{"
+            else:
+                frames.append([iter(item), "]", id(item), False, None])
+                piece = "["
+            open_ids.add(id(item))
+        else:
+            raise _refusal(frames, f"is of type {type(item).__name__}, not a JSON value (text, "
+                           "number, true, false, null, array or object with text keys)")
+        pieces.append(piece)
+        size += len(piece)
+        if size > MAX_CANONICAL_BYTES:
+            raise _too_large(frames)
+        # The next value: the next child of the innermost open container.
+        while frames:
+            frame = frames[-1]
+            child = next(frame[0], _END)
+            if child is _END:
+                frames.pop()
+                open_ids.discard(frame[2])
+                pieces.append(frame[1])
+                size += 1
+                continue
+            first = frame[4] is None
+            if frame[3]:
+                key, item = child
+                frame[4] = key
+                piece = _json_string(key)
+                if not piece.isascii():
+                    size += _extra_utf8_bytes(piece, frames, "key")
+                piece = piece + ":" if first else "," + piece + ":"
+            else:
+                item = child
+                frame[4] = 0 if first else frame[4] + 1
+                piece = "" if first else ","
+            pieces.append(piece)
+            size += len(piece)
+            break
+        else:
+            yield "".join(pieces)
+            return
+        if size > MAX_CANONICAL_BYTES:
+            raise _too_large(frames)
+        if len(pieces) >= _FLUSH_PIECES:
+            yield "".join(pieces)
+            pieces.clear()
+
+
+def _too_large(frames: List[list]) -> EncodingError:
+    return _over_limit(frames, f"more than {MAX_CANONICAL_BYTES // (1024 * 1024)} MiB of "
+                               "canonical JSON")
+
+
+def _over_limit(frames: List[list], limit: str) -> EncodingError:
+    where = _where(frames)
+    return EncodingError("non_canonical_value", f"the whole value holds {limit}, passed at "
+                                                f"{where}", path=where)
+
+
+def _first(pair: tuple) -> Any:
+    return pair[0]
+
+
+def _integer_text(number: int, frames: List[list]) -> str:
+    """``int.__repr__`` within :data:`MAX_INTEGER_DIGITS` digits, whatever the
+    interpreter's own int-to-text limit (``sys.set_int_max_str_digits``)."""
+    if not -_INTEGER_BOUND < number < _INTEGER_BOUND:
+        raise _refusal(frames, f"is an integer of more than {MAX_INTEGER_DIGITS} digits")
+    try:
+        return int.__repr__(number)
+    except ValueError:  # this interpreter was told to convert fewer digits
+        sign, rest = ("-", -int(number)) if number < 0 else ("", int(number))
+        groups = []
+        while rest >= 10 ** 18:
+            rest, group = divmod(rest, 10 ** 18)
+            groups.append("%018d" % group)
+        return sign + "%d" % rest + "".join(reversed(groups))
+
+
+def _extra_utf8_bytes(piece: str, frames: List[list], what: str) -> int:
+    """How many more UTF-8 bytes than characters ``piece`` takes; refuses a
+    lone surrogate (it has no UTF-8 form)."""
+    try:
+        return len(piece.encode("utf-8")) - len(piece)
+    except UnicodeEncodeError as exc:
+        raise _refusal(frames, f"holds the lone surrogate U+{ord(piece[exc.start]):04X}, which "
+                               "UTF-8 cannot encode", subject=what) from None
+
+
+def _open_index(frames: List[list], container: Any) -> int:
+    """Index of the frame of the open ``container`` (to name where it began)."""
+    for index, frame in enumerate(frames):
+        if frame[2] == id(container):
+            return index
+    return len(frames)
+
+
+def _where(frames: List[list]) -> str:
+    """The path of the value the innermost frame is at, JSONPath style
+    (``$.items[3]["a b"]``); long paths keep their two ends."""
+    steps = []
+    for frame in frames:
+        position = frame[4]
+        if position is None:  # a container just opened: the path is its own
+            continue
+        if not frame[3]:
+            steps.append(f"[{position}]")
+        elif position.isidentifier():
+            steps.append("." + short(position, 40))
+        else:  # escaped to ASCII: the key may hold a lone surrogate
+            steps.append("[" + short(json.dumps(position), 40) + "]")
+    if len(steps) > 12:
+        steps = steps[:6] + [f"...({len(steps) - 10} more)..."] + steps[-4:]
+    return "$" + "".join(steps)
+
+
+def _refusal(frames: List[list], problem: str, subject: str = "value") -> EncodingError:
+    """``non_canonical_value``: "the value (or key) at PATH PROBLEM"."""
+    where = _where(frames)
+    return EncodingError("non_canonical_value", f"the {subject} at {where} {problem}",
+                         path=where)
 
 
 def sha256_hex(raw: bytes) -> str:
@@ -103,12 +272,29 @@ def sha256_hex(raw: bytes) -> str:
 
 def value_hash(value: Any) -> str:
     """``SHA256(C(value))``: ``args_hash`` and ``result_hash`` (docs/format.md §Hashes)."""
-    return sha256_hex(canonical_bytes(value))
+    digest = hashlib.sha256()
+    for chunk in _canonical_chunks(value):  # hashed as it is encoded: memory stays small
+        digest.update(chunk.encode("utf-8"))
+    return digest.hexdigest()
 
 
 def fingerprint(tool: str, args: Any) -> str:
     """``SHA256(C({"tool": tool, "args": args}))`` (docs/format.md §Hashes)."""
-    return value_hash({"tool": tool, "args": args})
+    return call_hashes(tool, args)[1]
+
+
+def call_hashes(tool: str, args: Any) -> Tuple[str, str]:
+    """``(args_hash, fingerprint)`` of one call, ``args`` encoded once: with its
+    keys sorted, ``C({"tool": tool, "args": args})`` is ``{"args":`` + ``C(args)``
+    + ``,"tool":`` + ``C(tool)`` + ``}``.  The limits of :func:`canonical_text`
+    apply to ``args`` (and to ``tool``); raises :class:`EncodingError`."""
+    args_digest, call_digest = hashlib.sha256(), hashlib.sha256(b'{"args":')
+    for chunk in _canonical_chunks(args):
+        raw = chunk.encode("utf-8")
+        args_digest.update(raw)
+        call_digest.update(raw)
+    call_digest.update(b',"tool":' + canonical_bytes(tool) + b"}")
+    return args_digest.hexdigest(), call_digest.hexdigest()
 
 
 def genesis_hash(journal_id: str, schema: str = SCHEMA) -> str:

@@ -45,10 +45,69 @@ REASONS = {"returned": ("returned", "not_run", "not_run_host_refused"),
            "late_outcome": ("returned", "error_response", "exception", "cancelled")}
 
 
+# docs/format.md §Canonical encoding: the limits of C(x).
+MAX_NESTING = 512
+MAX_VALUES = 1_000_000
+MAX_BYTES = 64 * 1024 * 1024
+MAX_DIGITS = 4300
+
+
+_SCALAR_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False)
+_DIGITS_BOUND = 10 ** MAX_DIGITS
+
+
+class NotCanonical(ValueError):
+    """A value C(x) refuses (docs/format.md §Canonical encoding)."""
+
+
 def canonical(value: Any) -> str:
-    """C(x) of docs/format.md §Canonical encoding."""
+    """C(x) of docs/format.md §Canonical encoding: json.dumps once the value
+    is within the documented limits; raises :class:`NotCanonical`."""
+    budget = {"values": 0, "bytes": 0}
+    _within_limits(value, 1, set(), budget)
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
                       allow_nan=False)
+
+
+def _within_limits(value: Any, depth: int, ancestors: set, budget: Dict[str, int]) -> None:
+    """Recursive reading of the limits (depth <= MAX_NESTING keeps it shallow):
+    counts every value and byte of C(value) as it goes, stopping at a limit."""
+    budget["values"] += 1
+    if budget["values"] > MAX_VALUES:
+        raise NotCanonical("more values than MAX_VALUES")
+    if isinstance(value, (dict, list, tuple)):
+        if depth > MAX_NESTING:
+            raise NotCanonical("nested deeper than MAX_NESTING")
+        if id(value) in ancestors:
+            raise NotCanonical("contains itself")
+        children = list(value.items()) if isinstance(value, dict) else [(None, v) for v in value]
+        budget["bytes"] += 2 + max(len(children) - 1, 0)  # brackets and commas
+        ancestors.add(id(value))
+        for key, child in children:
+            if isinstance(value, dict):
+                if not isinstance(key, str):
+                    raise NotCanonical("a key is not text")
+                budget["bytes"] += _scalar_size(key) + 1  # the key and its colon
+            _within_limits(child, depth + 1, ancestors, budget)
+        ancestors.discard(id(value))
+    elif value is None or isinstance(value, (str, int, float)):
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= _DIGITS_BOUND:
+            raise NotCanonical("an integer of more than MAX_DIGITS digits")
+        budget["bytes"] += _scalar_size(value)
+    else:
+        raise NotCanonical(f"{type(value).__name__} is not a JSON value")
+    if budget["bytes"] > MAX_BYTES:
+        raise NotCanonical("more bytes than MAX_BYTES")
+
+
+def _scalar_size(value: Any) -> int:
+    """UTF-8 bytes of one scalar's JSON text."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = int(value)  # json writes int subclasses as plain integers
+    try:
+        return len(_SCALAR_ENCODER.encode(value).encode("utf-8"))
+    except (ValueError, UnicodeEncodeError) as exc:
+        raise NotCanonical(str(exc)) from None
 
 
 def sha256(text: str) -> str:

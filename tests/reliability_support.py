@@ -162,16 +162,18 @@ def start_worker(case, script, *argv):
                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors,
                                    text=True)
     process.errors_path = errors_path
-    case.addCleanup(_stop, process)
+    case.addCleanup(stop_process, process)
     return process
 
 
-def _stop(process):
+def stop_process(process):
+    """Kill and reap a process started with pipes, and close its pipes."""
     process.kill()
     process.wait()
     for stream in (process.stdin, process.stdout):
-        with contextlib.suppress(OSError):
-            stream.close()
+        if stream is not None:
+            with contextlib.suppress(OSError):
+                stream.close()
 
 
 def tell(process, line="go"):

@@ -215,8 +215,21 @@ def kill_child(data_dir: str, service: str, timeline: str, point: tuple, request
         timeline_write(timeline, "exit", operation)
         return {"status": "confirmed"}
 
-    guard.tool_execution("book", {"request": request}, downstream, session_id="s",
-                         tool_call_id=request)
+    try:
+        guard.tool_execution("book", {"request": request}, downstream, session_id="s",
+                             tool_call_id=request)
+    finally:
+        guard.close()
+
+
+def probe_call(data_dir: str, calls: list) -> str:
+    """One protected call by a fresh guard (closed after); its tool appends to ``calls``."""
+    guard = RecoveryGuard(data_dir)
+    try:
+        return guard.tool_execution("book", {"request": "probe"}, lambda: calls.append(1),
+                                    session_id="s", tool_call_id="p")
+    finally:
+        guard.close()
 
 
 def run_kills(root: str, kills_wanted: int, seed: int) -> dict:
@@ -274,9 +287,7 @@ def run_kills(root: str, kills_wanted: int, seed: int) -> dict:
             counts["checkpoint_ahead_seen"] += 1
             # nothing repairs it silently: a protected call is refused
             calls = []
-            result = RecoveryGuard(data_dir).tool_execution("book", {"request": "probe"},
-                                                            lambda: calls.append(1),
-                                                            session_id="s", tool_call_id="p")
+            result = probe_call(data_dir, calls)
             if calls or json.loads(result)["code"] != "checkpoint_ahead":
                 counts["admitted_while_open"] += 1
             with Journal(data_dir) as handle:
@@ -303,9 +314,7 @@ def run_kills(root: str, kills_wanted: int, seed: int) -> dict:
             counts[f"{operation.state}_seen"] += 1
         if unresolved:
             calls = []
-            result = RecoveryGuard(data_dir).tool_execution("book", {"request": "probe"},
-                                                            lambda: calls.append(1),
-                                                            session_id="s", tool_call_id="p")
+            result = probe_call(data_dir, calls)
             if calls:
                 counts["admitted_while_open"] += 1
             continue  # the next iteration resolves it (possibly killed again)

@@ -38,6 +38,7 @@ for _path in (REPO, TESTS):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
+import leak_check  # noqa: E402,F401  (installs the check before the plugin loads)
 from checkout import load_package  # noqa: E402
 
 load_package()

@@ -21,7 +21,7 @@ from support import OPERATOR_CLI, run_cli, reference
 
 from crash_recovery.classify import is_error_response
 from crash_recovery.guard import NO_RESPONSE_HASH, RecoveryGuard
-from crash_recovery.storage.record import value_hash
+from crash_recovery.storage.record import MAX_NESTING, value_hash
 
 TEN_MB = 10 * 1024 * 1024
 
@@ -30,6 +30,13 @@ def deep(levels, leaf=None):
     value = leaf
     for _ in range(levels):
         value = [value]
+    return value
+
+
+def itself():
+    """A dict that holds itself."""
+    value = {"amount": 5}
+    value["self"] = value
     return value
 
 
@@ -77,7 +84,8 @@ class Arguments(ReliabilityCase):
             "bytes": {"x": b"abc"}, "set": {"x": {1, 2}}, "object": {"x": object()},
             "integer key": {1: "a"}, "colliding keys": {1: "a", "1": "b"},
             "mixed keys": {"a": 1, 2: "b"}, "nested integer key": {"x": [{"y": {3: 4}}]},
-            "deeper than the recursion limit": {"x": deep(sys.getrecursionlimit() + 100)},
+            "nested deeper than MAX_NESTING": {"x": deep(MAX_NESTING)},
+            "containing itself": itself(), "holding itself deeper": {"a": [itself()]},
         }
         for label, args in cases.items():
             with self.subTest(label):
@@ -199,7 +207,8 @@ RESPONSES = [
     ("number", 0, NORMAL),
     ("empty string", "", NORMAL),
     ("deep JSON text", "[" * 100_000 + "]" * 100_000, NORMAL),
-    ("deep object", deep(sys.getrecursionlimit() + 100, {"error": "x"}), NORMAL),
+    ("deep object", deep(MAX_NESTING + 1, {"error": "x"}), NORMAL),
+    ("object containing itself", itself(), NORMAL),
 ]
 
 

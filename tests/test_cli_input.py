@@ -219,6 +219,9 @@ sys.path.insert(0, {tests!r})
 import support
 from crash_recovery import operator_cli
 from crash_recovery.storage import durable
+# A person's Ctrl-C: Python's own handler, even where this child was started
+# with SIGINT ignored (a background job of a shell without job control).
+signal.signal(signal.SIGINT, signal.default_int_handler)
 def hook(boundary, kind):
     if (boundary, kind) == ({boundary!r}, {kind!r}):
         os.kill(os.getpid(), signal.SIGINT)

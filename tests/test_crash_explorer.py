@@ -29,6 +29,7 @@ import tempfile
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import leak_check  # noqa: E402,F401  (no resource left to the garbage collector)
 import crash_explorer as explorer  # noqa: E402
 import explorer_scenarios as scenarios  # noqa: E402
 

@@ -148,8 +148,8 @@ class RuntimeStaysStandardLibrary(unittest.TestCase):
                           manifest["slots"]),
                          ("crash-recovery", "plugin_api.py", "dist/index.js", ["header-banner"]))
 
-    @unittest.skipUnless(os.path.isdir(os.path.join(os.path.dirname(os.path.dirname(
-        os.path.abspath(__file__))), ".git")), "not a git checkout")
+    @unittest.skipUnless(os.path.exists(os.path.join(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))), ".git")), "not a git checkout")  # .git: a file in a worktree
     def test_the_page_is_part_of_every_clone(self):
         # A clone, `git archive` and `hermes plugins install` carry only what
         # git tracks: an ignore rule for build output must not hide the page.

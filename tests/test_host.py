@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Optional
 TESTS_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS_DIR / "host"))
 
+import leak_check  # noqa: E402,F401  (no resource left to the garbage collector)
 import evidence  # noqa: E402  (tests/host, standard library only)
 from install_steps import has_install_scan, has_plugin_doctor  # noqa: E402
 import stream_json  # noqa: E402

@@ -62,7 +62,7 @@ def top_level_names() -> set:
     """What the repository holds at its top: in a git checkout, what git
     tracks or would add (generated files it ignores -- venvs, demo output, CI
     artifacts -- are not the repository's); in an export, what is there."""
-    if os.path.isdir(os.path.join(REPO, ".git")):
+    if os.path.exists(os.path.join(REPO, ".git")):  # a file in a linked worktree
         listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"],
                                 cwd=REPO, capture_output=True, text=True, check=True).stdout
         return {path.split("/", 1)[0] for path in listed.splitlines() if path}

@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 
+from reliability_support import stop_process
 from support import REPO, JournalTestCase, run_cli
 
 from crash_recovery.guard import RecoveryGuard  # noqa: E402
@@ -105,7 +106,7 @@ class RefusedProfileShows(JournalTestCase):
         holder = subprocess.Popen([sys.executable, "-c", program,
                                    os.path.join(self.data_dir, name)],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.addCleanup(lambda: holder.poll() is None and holder.kill())
+        self.addCleanup(stop_process, holder)
         self.assertEqual(holder.stdout.readline(), ready + "\n")
         return holder
 

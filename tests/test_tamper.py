@@ -483,7 +483,8 @@ class ExternalCheckpoint(JournalTestCase):
         code, output, _ = run_cli(self.data_dir, "verify", "--checkpoint", path)
         self.assertEqual((code, output["external_checkpoint"]), (0, "ancestor"))
         genesis = fixture.checkpoint(0)
-        self.assertTrue(Journal(self.data_dir, readonly=True).verify(genesis))
+        with Journal(self.data_dir, readonly=True) as journal:
+            self.assertTrue(journal.verify(genesis))
         self.assertEqual(logical_snapshot(self), before)
 
 

@@ -41,7 +41,8 @@ CHILD = textwrap.dedent("""
                                    session_id="s", tool_call_id="c2")
     hook = guard.pre_tool_call(tool_name="send_payment", args={"amount": 5}, session_id="s",
                                tool_call_id="c2")
-    print(json.dumps({"free": free, "blocked": json.loads(blocked), "ran": len(ran),
+    print(json.dumps({"free": free, "ran": len(ran),
+                      "blocked": blocked if blocked == "done" else json.loads(blocked),
                       "hook": hook, "status": guard.status_report(),
                       "journal_created": os.path.exists(os.path.join(DATA_DIR, "journal.sqlite3"))}))
 """)
@@ -64,6 +65,16 @@ ON_NFS = textwrap.dedent("""
         handle.write("overlay / overlay rw 0 0\\n")
         handle.write("server:/export " + ROOT.replace(" ", "\\\\040")
                      + " nfs4 rw,relatime 0 0\\n")
+    sys.modules["hermes_plugins.crash_recovery.storage.platform_support"].MOUNTS_TABLE = table
+""")
+
+# A mount table that lists no mount holding the profile, as inside a chroot whose
+# root is not itself a mount point (the kernel leaves out mounts outside the root).
+SILENT_MOUNT_TABLE = textwrap.dedent("""
+    table = os.path.join(ROOT, "mounts")
+    with open(table, "w") as handle:
+        handle.write("proc /proc proc rw 0 0\\n")
+        handle.write("devtmpfs /dev devtmpfs rw 0 0\\n")
     sys.modules["hermes_plugins.crash_recovery.storage.platform_support"].MOUNTS_TABLE = table
 """)
 
@@ -148,10 +159,26 @@ class UnsupportedPlatformTests(unittest.TestCase):
         self.assertRegex(gauges, r"crash_recovery_gate_open\{[^}]*\} 0")
 
     def test_local_file_systems_are_supported(self):
-        from crash_recovery.storage.platform_support import mounted_file_system, platform_problem
+        from crash_recovery.storage.platform_support import (NETWORK_FILE_SYSTEMS,
+                                                              mounted_file_system,
+                                                              platform_problem)
         self.assertIsNone(platform_problem(self.data_dir))
-        if os.path.exists("/proc/mounts"):
-            self.assertNotIn(mounted_file_system(self.root), (None, "nfs", "nfs4", "cifs"))
+        # The mount table names this file system, or (no /proc, a chroot whose
+        # root is not a mount point) tells nothing; either way it is no network one.
+        found = mounted_file_system(self.root)
+        sys.stderr.write(f"\n  the mount table says {self.root} is on "
+                         f"{found or 'nothing it lists'} ")
+        self.assertNotIn(found, NETWORK_FILE_SYSTEMS)
+
+    def test_a_mount_table_that_tells_nothing_does_not_refuse(self):
+        # Where the table lists no mount holding the data directory the file
+        # system cannot be checked: as where there is no table (macOS), the
+        # plugin relies on the owner lock and directory fsync checks.
+        outcome = self.run_child(after_load=SILENT_MOUNT_TABLE)
+        self.assertEqual((outcome["free"], outcome["blocked"], outcome["ran"], outcome["hook"]),
+                         ("done", "done", 2, None))
+        self.assertEqual((outcome["status"]["ok"], outcome["status"]["gate"]), (True, "open"))
+        self.assertTrue(outcome["journal_created"])
 
 
 if __name__ == "__main__":
