@@ -44,6 +44,7 @@ from workers import WorkerProcess
 
 PEER_KINDS = ("dbos", "langgraph")
 PEERS_VENV = os.path.join(REPOSITORY_ROOT, ".venv-bench-peers")
+PEERS_PYTHON_VARIABLE = "CRASH_RECOVERY_BENCH_PEERS_PYTHON"
 PEERS_REQUIREMENTS = os.path.join(REPOSITORY_ROOT, "bench", "requirements-peers.txt")
 DISTRIBUTIONS = {"dbos": ("dbos", "SQLAlchemy"),
                  "langgraph": ("langgraph", "langgraph-checkpoint", "langgraph-checkpoint-sqlite")}
@@ -53,11 +54,14 @@ SYNCHRONOUS_NAMES = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}
 
 def peers_python(explicit: Optional[str]) -> Tuple[Optional[str], str]:
     """(interpreter, how it was found) for the peer workers: ``explicit``
-    (``--peers-python``), else the ``.venv-bench-peers`` virtual environment at
-    the repository root, else this interpreter (the peers may be installed in
-    it).  Whether the peers import there, each worker finds out."""
+    (``--peers-python``), else ``$CRASH_RECOVERY_BENCH_PEERS_PYTHON``, else the
+    ``.venv-bench-peers`` virtual environment at the repository root, else this
+    interpreter (the peers may be installed in it).  Whether the peers import
+    there, each worker finds out."""
     if explicit:
         return explicit, "--peers-python"
+    if os.environ.get(PEERS_PYTHON_VARIABLE):
+        return os.environ[PEERS_PYTHON_VARIABLE], f"${PEERS_PYTHON_VARIABLE}"
     candidate = os.path.join(PEERS_VENV, "bin", "python")
     if os.access(candidate, os.X_OK):
         return candidate, ".venv-bench-peers at the repository root"

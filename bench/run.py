@@ -244,8 +244,9 @@ def parse_arguments(argv: Optional[List[str]]) -> argparse.Namespace:
                         help="measure the peers (DBOS, LangGraph) in --quick too (a full run always does)")
     parser.add_argument("--no-peers", action="store_true", help="do not measure the peers")
     parser.add_argument("--peers-python", help="the interpreter that has the peers installed "
-                        "(default: .venv-bench-peers/bin/python at the repository root, else this one; "
-                        f"see {os.path.relpath(PEERS_REQUIREMENTS, REPOSITORY_ROOT)})")
+                        "(default: $CRASH_RECOVERY_BENCH_PEERS_PYTHON, else .venv-bench-peers/bin/python "
+                        "at the repository root, else this one; see "
+                        f"{os.path.relpath(PEERS_REQUIREMENTS, REPOSITORY_ROOT)})")
     parser.add_argument("--cpu-baseline-us", help="CPU time per protected call (hook + middleware, µs) "
                         "of the code before issue 27, as DISK[,TMPFS] (one figure: both): the "
                         "'CPU halved' target is measured against it")
