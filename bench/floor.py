@@ -3,7 +3,7 @@
 A protected call appends two events, so its floor is two bare durable appends
 (``DurableAppendFloor``) on a copy of the benchmark journal of the same size
 (same B-tree depth, same triggers).  Fsyncs per append are counted twice:
-``os.fsync`` calls in this process (``OsCallCounter``), and every fsync /
+``os.fsync`` calls in this process (os_calls.py's ``OsCallCounter``), and every fsync /
 fdatasync syscall, SQLite's own included, with ``strace -f -c`` around a child
 process running this benchmark in its probe mode (``run_probe``).
 """
@@ -87,38 +87,6 @@ class DurableAppendFloor:
 
     def close(self) -> None:
         self.connection.close()
-
-
-class OsCallCounter:
-    """Counts ``os.fsync`` and ``os.replace`` calls made in this process.
-
-    Wraps the functions on the ``os`` module, so code that calls
-    ``os.fsync(...)`` is counted (code that bound ``from os import fsync``
-    earlier is not).  Use as a context manager.
-    """
-
-    def __init__(self) -> None:
-        self.fsync_calls = 0
-        self.replace_calls = 0
-        self._original_fsync = os.fsync
-        self._original_replace = os.replace
-
-    def _counting_fsync(self, descriptor: Any) -> None:
-        self.fsync_calls += 1
-        self._original_fsync(descriptor)
-
-    def _counting_replace(self, source: Any, destination: Any, **options: Any) -> None:
-        self.replace_calls += 1
-        self._original_replace(source, destination, **options)
-
-    def __enter__(self) -> "OsCallCounter":
-        os.fsync = self._counting_fsync
-        os.replace = self._counting_replace
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        os.fsync = self._original_fsync
-        os.replace = self._original_replace
 
 
 # ---------------------------------------------------------------- strace --

@@ -12,7 +12,8 @@ from __future__ import annotations
 import statistics
 from typing import Any, Callable, Dict, List, Optional
 
-from floor import DurableAppendFloor, OsCallCounter
+from floor import DurableAppendFloor
+from os_calls import OsCallCounter
 from product import WARMUP_CALLS, ProductCaller, current_count
 from stats import milliseconds, percentile, time_call
 
@@ -73,9 +74,9 @@ def measure_overhead(journal_dir: str, floor_dir: str, calls: int) -> Dict[str, 
                 floor.protected_call()
         result.update({
             "appends_per_protected_call": round(appended / counted_calls, 3),
-            "python_fsync_per_append": round(product_counter.fsync_calls / max(1, appended), 3),
-            "python_replace_per_append": round(product_counter.replace_calls / max(1, appended), 3),
-            "floor_python_fsync_per_append": round(floor_counter.fsync_calls / (2 * counted_calls), 3),
+            "python_fsync_per_append": round(product_counter.count("fsync") / max(1, appended), 3),
+            "python_replace_per_append": round(product_counter.count("replace") / max(1, appended), 3),
+            "floor_python_fsync_per_append": round(floor_counter.count("fsync") / (2 * counted_calls), 3),
         })
     finally:
         product.close()

@@ -28,6 +28,10 @@ OPERATOR_CLI = os.path.join(REPOSITORY_ROOT, "operator_cli.py")
 # Child processes (probes, workers) run the entry point in one of its hidden modes.
 BENCH_SCRIPT = os.path.join(BENCH_DIR, "run.py")
 
+# A checkout to load the product from instead of this one: set for a worker
+# that measures the code before a change beside this one (side_by_side.py).
+PRODUCT_ROOT_VARIABLE = "CRASH_RECOVERY_BENCH_PRODUCT_ROOT"
+
 NO_OP_RESULT = "done"
 TOOL_NAME = "send_payment"
 TOOL_ARGS = {"amount": 125, "currency": "EUR", "to": "acct-4711", "memo": "bench"}
@@ -36,10 +40,12 @@ WARMUP_CALLS = 3
 
 @functools.lru_cache(maxsize=None)
 def product_loader() -> Callable[[str], Any]:
-    """``load_module`` of this checkout's ``host/standalone.py``, run by path:
-    host/ stays off sys.path, so its modules (``hermes.py``, ...) never become
+    """``load_module`` of this checkout's ``host/standalone.py`` (or that of the
+    checkout ``$CRASH_RECOVERY_BENCH_PRODUCT_ROOT`` names), run by path: host/
+    stays off sys.path, so its modules (``hermes.py``, ...) never become
     top-level imports; the product is imported only as ``crash_recovery``."""
-    return runpy.run_path(os.path.join(REPOSITORY_ROOT, "host", "standalone.py"))["load_module"]
+    root = os.environ.get(PRODUCT_ROOT_VARIABLE) or REPOSITORY_ROOT
+    return runpy.run_path(os.path.join(root, "host", "standalone.py"))["load_module"]
 
 
 def load_product(name: str) -> Any:

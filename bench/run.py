@@ -6,6 +6,24 @@ One command (from the repository root)::
     python bench/run.py [--quick] [--sizes 0,100000,1000000] [--calls 300]
                         [--worker-calls 200] [--json bench/results.json]
                         [--workdir DIR] [--keep] [--no-strace] [--profile]
+                        [--peers | --no-peers] [--peers-python PATH]
+                        [--cpu-baseline-us DISK[,TMPFS]] [--baseline-root DIR]
+                        [--busy-seconds S]
+
+First, once per run:
+
+* **runtime size** (runtime_lines.py) and **cross-process lock mechanisms**
+  (lock_mechanisms.py: the runtime's lock calls from its source, and a traced
+  run naming the file each lock is on);
+* **side by side** (side_by_side.py): the floor, the product's protected call
+  and the peers -- a one-step DBOS workflow and a one-node LangGraph invoke
+  with its SQLite checkpointer (peers.py), run from their own virtual
+  environment (bench/requirements-peers.txt) -- on fresh journals, on disk
+  and on tmpfs, interleaved in one loop; wall and CPU time per call.  Without
+  the peers' environment (or with ``--no-peers``; in ``--quick`` unless
+  ``--peers``) the peers are reported as not measured, with the reason.
+  With ``--baseline-root DIR``, the code of another checkout (the code before
+  issue 27) runs beside them as one more series.
 
 At each history size (journals built by ``bench/bulk_journal.py``, which is
 written from docs/format.md alone), side by side in the same run:
@@ -40,6 +58,14 @@ written from docs/format.md alone), side by side in the same run:
   ``strace -f -c`` in child processes); bytes per event; the
   ``full_verification`` mode (up to 100k events).
 
+* **first call against verify** (first_call_vs_verify.py) -- fresh
+  processes, alternating: a first protected call, then ``verify``.
+* **file-system calls** (os_calls.py) -- ``stat``/``lstat``/``fstat``/
+  ``open`` per protected call and per read, by file.
+* **busy workers** (busy_workers.py; at every size, ``--quick``: the
+  largest) -- one worker, then eight, making protected calls back to back:
+  the latency of refused calls, throughput of eight against one.
+
 At the largest size, also:
 
 * **gate check under a held writer lock** -- another connection holds
@@ -67,16 +93,19 @@ the benchmark journal of the same size (same B-tree depth, same triggers).
 It prints the tables (targets with measured / target / met) and writes all
 numbers as JSON (``--json``).  ``--quick`` uses tiny sizes and few calls
 (``tests/test_bench.py`` runs it so the benchmark cannot rot; timings are
-never asserted).  Standard library only.
+never asserted).  Standard library only (the peers run in their own
+interpreter).
 
 Layout: this file is the one entry point (options, the plan, the loop over
 sizes, the JSON, and the hidden modes its child processes run in); each
 measurement is a module next to it: machine.py (the machine, its load),
 stats.py, product.py (loading the product, protected calls, lock holds),
-floor.py (the floor, fsync counting), overhead.py, verification.py,
-cli_costs.py, workers.py (fresh processes, warm workers, the gate under a
-held lock), archive_costs.py, archive_scale.py and targets.py (targets, tables).
-bulk_journal.py builds the journals.
+floor.py (the floor, fsync counting), os_calls.py (counting os calls by
+file), overhead.py, verification.py, cli_costs.py, workers.py (fresh
+processes, warm workers, the gate under a held lock), busy_workers.py,
+first_call_vs_verify.py, side_by_side.py and peers.py, lock_mechanisms.py,
+runtime_lines.py, archive_costs.py, archive_scale.py and targets.py
+(targets, tables).  bulk_journal.py builds the journals.
 """
 from __future__ import annotations
 
@@ -97,11 +126,18 @@ if BENCH_DIR not in sys.path:  # the measurement modules sit next to this file
 import bulk_journal  # noqa: E402
 from archive_costs import measure_archive, probe_archive  # noqa: E402
 from archive_scale import format_scale_table, measure_archive_scale  # noqa: E402
+from busy_workers import measure_busy_workers  # noqa: E402
 from cli_costs import measure_cli  # noqa: E402
+from first_call_vs_verify import measure_first_call_vs_verify  # noqa: E402
 from floor import measure_sync_syscalls, run_probe, strace_path  # noqa: E402
+from lock_mechanisms import measure_lock_mechanisms  # noqa: E402
 from machine import LoadMonitor, machine_description, python_startup_seconds  # noqa: E402
+from os_calls import measure_os_calls  # noqa: E402
 from overhead import measure_full_mode, measure_overhead  # noqa: E402
+from peers import PEERS_REQUIREMENTS, peer_worker_main, peers_python  # noqa: E402
 from product import REPOSITORY_ROOT, WARMUP_CALLS, journal_bytes  # noqa: E402
+from runtime_lines import measure_runtime_lines  # noqa: E402
+from side_by_side import measure_side_by_side  # noqa: E402
 from stats import log  # noqa: E402
 from targets import evaluate_targets, format_tables  # noqa: E402
 from verification import measure_verification  # noqa: E402
@@ -121,6 +157,10 @@ AFTER_ARCHIVE_REPEATS_FULL = 5
 AFTER_ARCHIVE_REPEATS_QUICK = 2
 FULL_ARCHIVE_COUNTS = (1, 100, 1000)   # archive_scale.py: a profile archived this many times
 QUICK_ARCHIVE_COUNTS = (1, 3, 8)
+FULL_BUSY_SECONDS = 3.0          # busy_workers.py: each phase (one worker, eight workers)
+QUICK_BUSY_SECONDS = 0.3
+FULL_OS_CALLS = 20               # os_calls.py: protected calls (and reads) counted per size
+QUICK_OS_CALLS = 3
 
 
 def measure_size(workdir: str, events: int, options: argparse.Namespace, plan: Dict[str, Any],
@@ -146,6 +186,11 @@ def measure_size(workdir: str, events: int, options: argparse.Namespace, plan: D
     result["verification"] = measure_verification(journal_dir, plan["repeats"],
                                                   options.profile and events == plan["largest"])
     monitor.sample(f"{events}: verification")
+    log(f"history {events:,}: a fresh process's first call against `verify`, alternating ...")
+    result["first_call_vs_verify"] = measure_first_call_vs_verify(journal_dir, plan["repeats"])
+    monitor.sample(f"{events}: first call vs verify")
+    log(f"history {events:,}: file-system calls per protected call and per read ...")
+    result["os_calls"] = measure_os_calls(journal_dir, plan["os_calls"])
     log(f"history {events:,}: overhead in one process ...")
     result["overhead"] = measure_overhead(journal_dir, floor_dir, plan["calls"])
     result["overhead"]["full_verification_mode_call_p50_ms"] = measure_full_mode(journal_dir, events)
@@ -157,8 +202,22 @@ def measure_size(workdir: str, events: int, options: argparse.Namespace, plan: D
     result["workers"] = measure_workers(journal_dir, floor_dir, plan["worker_calls"],
                                         lock_test=events == plan["largest"])
     monitor.sample(f"{events}: workers")
+    if events in plan["busy_sizes"]:
+        log(f"history {events:,}: busy workers, one alone, then eight at once ...")
+        result["busy_workers"] = measure_busy_workers(journal_dir, plan["busy_seconds"])
+        monitor.sample(f"{events}: busy workers")
     shutil.rmtree(floor_dir, ignore_errors=True)
     return result
+
+
+def cpu_baseline(text: Optional[str]) -> Optional[Dict[str, float]]:
+    """``--cpu-baseline-us DISK[,TMPFS]`` as ``{"disk": µs, "tmpfs": µs}``, or None."""
+    if not text:
+        return None
+    figures = [float(value) for value in text.split(",") if value.strip()]
+    if len(figures) not in (1, 2) or min(figures) <= 0:
+        raise SystemExit("--cpu-baseline-us takes one or two positive figures (DISK[,TMPFS])")
+    return {"disk": figures[0], "tmpfs": figures[-1]}
 
 
 def parse_arguments(argv: Optional[List[str]]) -> argparse.Namespace:
@@ -181,6 +240,21 @@ def parse_arguments(argv: Optional[List[str]]) -> argparse.Namespace:
                         "; 0 skips it)")
     parser.add_argument("--profile", action="store_true",
                         help="add a cProfile of the product's verification at the largest size")
+    parser.add_argument("--peers", action="store_true",
+                        help="measure the peers (DBOS, LangGraph) in --quick too (a full run always does)")
+    parser.add_argument("--no-peers", action="store_true", help="do not measure the peers")
+    parser.add_argument("--peers-python", help="the interpreter that has the peers installed "
+                        "(default: $CRASH_RECOVERY_BENCH_PEERS_PYTHON, else .venv-bench-peers/bin/python "
+                        "at the repository root, else this one; see "
+                        f"{os.path.relpath(PEERS_REQUIREMENTS, REPOSITORY_ROOT)})")
+    parser.add_argument("--cpu-baseline-us", help="CPU time per protected call (hook + middleware, µs) "
+                        "of the code before issue 27, as DISK[,TMPFS] (one figure: both): the "
+                        "'CPU halved' target is measured against it")
+    parser.add_argument("--baseline-root", help="a checkout of the code before issue 27 (e.g. "
+                        "`git worktree add DIR COMMIT`): its hook + middleware runs side by side "
+                        "as one more series, and the 'CPU halved' target is measured against it")
+    parser.add_argument("--busy-seconds", type=float, help="length of each busy-workers phase "
+                        f"(default {FULL_BUSY_SECONDS}; --quick {QUICK_BUSY_SECONDS})")
     parser.add_argument("--probe-dir", help=argparse.SUPPRESS)
     parser.add_argument("--probe-target", choices=("product", "floor"), help=argparse.SUPPRESS)
     parser.add_argument("--probe-calls", type=int, default=0, help=argparse.SUPPRESS)
@@ -188,6 +262,7 @@ def parse_arguments(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.add_argument("--probe-archive", help=argparse.SUPPRESS)
     parser.add_argument("--probe-report", help=argparse.SUPPRESS)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--peer-worker", help=argparse.SUPPRESS)
     parser.add_argument("--worker-name", default="A", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -203,6 +278,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return probe_archive(options.probe_archive, options.probe_report)
     if options.worker:
         return worker_main(options.worker, options.worker_name)
+    if options.peer_worker:
+        return peer_worker_main(options.peer_worker, options.worker_name)
 
     began = time.perf_counter()
     if options.sizes:
@@ -221,6 +298,12 @@ def main(argv: Optional[List[str]] = None) -> int:
                                   if count.strip() and int(count) > 0})
         if options.archive_counts else list(QUICK_ARCHIVE_COUNTS if options.quick
                                             else FULL_ARCHIVE_COUNTS),
+        "busy_seconds": options.busy_seconds or (QUICK_BUSY_SECONDS if options.quick else FULL_BUSY_SECONDS),
+        # --quick: eight busy workers at the largest size only (the suite's time)
+        "busy_sizes": sizes[-1:] if options.quick else sizes,
+        "os_calls": QUICK_OS_CALLS if options.quick else FULL_OS_CALLS,
+        "cpu_baseline_us": cpu_baseline(options.cpu_baseline_us),
+        "baseline_root": os.path.abspath(options.baseline_root) if options.baseline_root else None,
     }
     workdir = options.workdir or tempfile.mkdtemp(prefix="crash-recovery-bench-")
     os.makedirs(workdir, exist_ok=True)
@@ -234,6 +317,17 @@ def main(argv: Optional[List[str]] = None) -> int:
         "sizes": [],
     }
     try:
+        report["runtime_lines"] = measure_runtime_lines()
+        log("lock mechanisms: the source, then a traced run ...")
+        report["lock_mechanisms"] = measure_lock_mechanisms(workdir)
+        python, found = peers_python(options.peers_python)
+        if options.no_peers:
+            python, found = None, "--no-peers"
+        elif options.quick and not options.peers:
+            python, found = None, "--quick (add --peers to measure them)"
+        report["side_by_side"] = measure_side_by_side(workdir, plan["calls"], python, found,
+                                                      options.baseline_root)
+        monitor.sample("side by side")
         for events in sizes:
             report["sizes"].append(measure_size(workdir, events, options, plan, monitor))
         if not options.no_archive and sizes[-1] > 0:

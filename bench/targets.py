@@ -10,8 +10,13 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
+from busy_workers import BUSY_WORKERS, format_busy_workers
 from cli_costs import CLI_COMMANDS
-from stats import milliseconds
+from lock_mechanisms import format_lock_mechanisms
+from os_calls import format_os_call_table
+from runtime_lines import format_runtime_lines
+from side_by_side import format_side_by_side
+from stats import milliseconds, ratio
 from workers import LOCK_TEST_BUSY_TIMEOUT_SECONDS
 
 # Targets (this round's, and those kept from the first round's benchmark).
@@ -27,6 +32,111 @@ TARGET_STATUS_SECONDS = 2.5       # first-round target
 TARGET_FIRST_CALL_SECONDS = 2.5   # first-round target
 TARGET_EVENTS = 1_000_000
 RATIO_MIN_EVENTS = 10_000        # below this, verification times are too small for a ratio
+# Issue 27's targets.
+TARGET_CALL_RATIO_DISK = 1.25     # protected call p50 / protocol floor p50, on disk
+TARGET_CALL_RATIO_TMPFS = 3.0     # the same on tmpfs
+TARGET_FIRST_CALL_TO_VERIFY = 1.0
+TARGET_REFUSAL_P99_MS = 20.0      # refused because another call is in flight, 8 busy workers
+TARGET_CPU_TO_BASELINE = 0.5      # "CPU per protected call halved"
+TARGET_LOCK_MECHANISMS = 4
+TARGET_RUNTIME_LINES = 9_300
+TARGET_STATS_PER_FILE_PER_READ = 1
+
+
+def issue_27_rows(report: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The rows of issue 27's targets (each row's name says what it compares)."""
+    rows: List[Dict[str, Any]] = []
+    largest = report["sizes"][-1]
+    at = f"{largest['events']:,} events"
+    short = "; history smaller than the targets' 1M" if largest["events"] < TARGET_EVENTS else ""
+
+    def add(name: str, measured: Any, target: str, met: Optional[bool], note: str) -> None:
+        rows.append({"name": name, "measured": measured, "target": target, "met": met, "note": note})
+
+    side = report.get("side_by_side") or {"filesystems": {}}
+    for system, limit in (("disk", TARGET_CALL_RATIO_DISK), ("tmpfs", TARGET_CALL_RATIO_TMPFS)):
+        entry = side["filesystems"].get(system)
+        for key, label in (("middleware", "middleware"), ("hook_and_middleware", "hook + middleware")):
+            name = f"protected call on {system}, fresh journal, {label} p50 / protocol floor p50 (issue 27)"
+            if entry is None:
+                add(name, None, f"<= {limit}", None, side.get("not_measured", {}).get(system, "not measured"))
+                continue
+            series, floor = entry["series"][key], entry["series"]["floor"]
+            value = series["wall_ratio_to_floor_p50"]
+            add(name, value, f"<= {limit}", value <= limit,
+                f"{series['wall']['p50_ms']:.2f} ms vs floor {floor['wall']['p50_ms']:.2f} ms, interleaved "
+                f"with the peers, {series['wall']['n']} calls each")
+    overhead = largest["overhead"]
+    for prefix, label in (("protected_call", "middleware"), ("hook_and_protected_call", "hook + middleware")):
+        value = overhead[f"{prefix}_overhead_ratio_p50"]
+        add(f"protected call on disk at {at}, one process, {label} p50 / protocol floor p50 (issue 27)",
+            value, f"<= {TARGET_CALL_RATIO_DISK}", value <= TARGET_CALL_RATIO_DISK,
+            f"{overhead[f'{prefix}_p50_ms']:.2f} ms vs floor {overhead['floor_call_p50_ms']:.2f} ms" + short)
+    versus = largest["first_call_vs_verify"]
+    value = versus["ratio_process_to_verify"]
+    add(f"fresh process's first protected call at {at} / `verify` (whole processes, alternating)", value,
+        f"<= {TARGET_FIRST_CALL_TO_VERIFY}",
+        (value <= TARGET_FIRST_CALL_TO_VERIFY) if largest["events"] >= RATIO_MIN_EVENTS and value else None,
+        f"{versus['first_call_process_seconds']:.3f} s vs {versus['verify_process_seconds']:.3f} s, median of "
+        f"{versus['pairs']} pairs; guard to first call's return alone {versus['first_call_seconds']:.3f} s "
+        f"({show(versus['ratio_first_call_to_verify'], 3)} x)" + short)
+    busy = largest.get("busy_workers")
+    if busy:
+        refusal = busy["in_flight_refusal"]
+        p99 = refusal["p99_ms"] if refusal else None
+        together, alone = busy["together"], busy["alone"]
+        add(f"refusal because another call is in flight, p99 with {BUSY_WORKERS} busy workers at {at} (ms)",
+            p99, f"<= {TARGET_REFUSAL_P99_MS:.0f}", (p99 <= TARGET_REFUSAL_P99_MS) if p99 is not None else None,
+            (f"p50 {refusal['p50_ms']:.2f} ms, max {refusal['max_ms']:.2f} ms over {refusal['n']} refusals"
+             if refusal else "no call was refused operation_in_flight")
+            + f"; other refusals: {together['refused'] - (refusal['n'] if refusal else 0)}" + short)
+        add(f"throughput of {BUSY_WORKERS} busy workers / one worker at {at} (admitted calls/s)",
+            busy["throughput_ratio"], "printed (no target)", None,
+            f"{together['admitted_per_second']} vs {alone['admitted_per_second']} calls/s, "
+            f"{busy['seconds_per_phase']} s per phase, {busy['pause_after_refusal_seconds'] * 1000:.0f} ms "
+            "pause after a refusal" + short)
+    baseline = report["settings"].get("cpu_baseline_us")
+    for system in ("disk", "tmpfs"):
+        entry = side["filesystems"].get(system)
+        if entry is None:
+            continue
+        product, floor = entry["series"]["hook_and_middleware"], entry["series"]["floor"]
+        cpu_us = round(product["cpu"]["mean_ms"] * 1000, 1)
+        add(f"CPU per protected call on {system} (hook + middleware, mean, µs) / protocol floor's",
+            product["cpu_ratio_to_floor_mean"], "printed (no target)", None,
+            f"{cpu_us} µs vs floor {floor['cpu']['mean_ms'] * 1000:.1f} µs; extra "
+            f"{product['extra_cpu_over_floor_mean_ms'] * 1000:.1f} µs")
+        measured_baseline = entry["series"].get("baseline")
+        if measured_baseline:  # the code before, measured in this run
+            reference = round(measured_baseline["cpu"]["mean_ms"] * 1000, 1)
+            source = f"the baseline series (--baseline-root, same run) {reference} µs"
+        else:
+            reference = baseline.get(system) if baseline else None
+            source = f"baseline {reference} µs (--cpu-baseline-us)"
+        add(f"CPU per protected call on {system} / the baseline before issue 27 (\"halved\")",
+            ratio(cpu_us, reference), f"<= {TARGET_CPU_TO_BASELINE}",
+            (cpu_us / reference <= TARGET_CPU_TO_BASELINE) if reference else None,
+            f"{cpu_us} µs vs {source}" if reference
+            else f"{cpu_us} µs; no baseline given (--baseline-root DIR, or --cpu-baseline-us DISK[,TMPFS])")
+    locks = report["lock_mechanisms"]
+    add("cross-process lock mechanisms (from the source and a traced run)", locks["count"],
+        f"<= {TARGET_LOCK_MECHANISMS}", locks["count"] <= TARGET_LOCK_MECHANISMS,
+        "; ".join(f"{entry['kind']} on {entry['file']}" for entry in locks["mechanisms"]))
+    lines = report["runtime_lines"]
+    add("runtime Python lines (every .py outside tests/ and bench/)", lines["lines"],
+        f"<= {TARGET_RUNTIME_LINES:,}", lines["lines"] <= TARGET_RUNTIME_LINES,
+        f"{lines['files']} files; " + ", ".join(f"{name} {part['lines']:,}" for name, part in lines["parts"].items()))
+    counted = largest["os_calls"]
+    worst = max((counted[kind] for kind in ("read", "read_unchanged")), key=lambda entry: entry["most_stats_of_one_file"])
+    add(f"stat-family calls (stat + lstat + fstat) of one file per read at {at}", worst["most_stats_of_one_file"],
+        f"<= {TARGET_STATS_PER_FILE_PER_READ}", worst["most_stats_of_one_file"] <= TARGET_STATS_PER_FILE_PER_READ,
+        f"`{worst['most_statted_file']}`; per read after a write: "
+        + ", ".join(f"{name} {value:g}" for name, value in counted["read"]["stats_per_file"].items())
+        + f"; per protected call: stat {counted['protected_call']['per_function']['stat']:g}, lstat "
+        f"{counted['protected_call']['per_function']['lstat']:g}, fstat "
+        f"{counted['protected_call']['per_function']['fstat']:g}, open "
+        f"{counted['protected_call']['per_function']['open']:g}" + short)
+    return rows
 
 
 def evaluate_targets(report: Dict[str, Any]) -> List[Dict[str, Any]]:
@@ -35,7 +145,7 @@ def evaluate_targets(report: Dict[str, Any]) -> List[Dict[str, Any]]:
     smallest, largest = sizes[0], sizes[-1]
     at = f"{largest['events']:,} events"
     short_history = largest["events"] < TARGET_EVENTS
-    rows: List[Dict[str, Any]] = []
+    rows: List[Dict[str, Any]] = issue_27_rows(report)
 
     def add(name: str, measured: Any, target: str, met: Optional[bool], note: str = "") -> None:
         if short_history:
@@ -239,6 +349,26 @@ def format_tables(report: Dict[str, Any]) -> str:
         row("bytes per event (as built)", [entry["journal_bytes_per_event"] for entry in sizes], 1),
         row("bulk build of the journal (s)", [entry["bulk_write_seconds"] for entry in sizes], 1),
     ]
+    lines += ["", "### Side by side: the floor, the product and the peers (fresh journals; disk and "
+              "tmpfs; one loop, interleaved)", "", format_side_by_side(report["side_by_side"])]
+    lines += ["", "### A fresh process's first call against `verify` (whole processes, alternating)", "",
+              header, rule]
+    versus = [entry["first_call_vs_verify"] for entry in sizes]
+    lines += [
+        row("first call: process wall, median (s)", [v["first_call_process_seconds"] for v in versus], 3),
+        row("`verify`: process wall, median (s)", [v["verify_process_seconds"] for v in versus], 3),
+        row("ratio first call / `verify` (whole processes)", [v["ratio_process_to_verify"] for v in versus], 3),
+        row("guard built to first call's return (s) / ratio to `verify`",
+            [f"{v['first_call_seconds']:.3f} / {show(v['ratio_first_call_to_verify'], 3)}" for v in versus]),
+    ]
+    busy = format_busy_workers(sizes)
+    if busy:
+        lines += ["", f"### Busy workers: one alone, then {BUSY_WORKERS} at once (no-op tool, 5 ms pause "
+                  "after a refusal)", "", busy]
+    lines += ["", "### File-system calls per protected call (hook + middleware) / per read right after a "
+              "write (the hook), warm guard", "", format_os_call_table(sizes)]
+    lines += ["", "### Cross-process lock mechanisms", "", format_lock_mechanisms(report["lock_mechanisms"])]
+    lines += ["", "### Runtime size", "", format_runtime_lines(report["runtime_lines"])]
     gate = sizes[-1]["workers"].get("gate_under_writer_lock")
     if gate:
         lines += ["", f"Gate check while another connection held `BEGIN IMMEDIATE` ({sizes[-1]['events']:,} "

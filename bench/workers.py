@@ -18,22 +18,24 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import sqlite3
 import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import bulk_journal
 from cli_costs import cli_command, run_measured
 from floor import DurableAppendFloor
-from product import (BENCH_SCRIPT, NO_OP_RESULT, REPOSITORY_ROOT, TOOL_ARGS, TOOL_NAME, WARMUP_CALLS,
-                     LockHoldRecorder, ProductCaller, current_count, load_product)
+from product import (BENCH_SCRIPT, NO_OP_RESULT, PRODUCT_ROOT_VARIABLE, REPOSITORY_ROOT, TOOL_ARGS, TOOL_NAME,
+                     WARMUP_CALLS, LockHoldRecorder, ProductCaller, current_count, load_product)
 from stats import distribution_ms, milliseconds, percentile, ratio, time_call
 
 LOCK_TEST_BUSY_TIMEOUT_SECONDS = 0.5
+PRODUCT_PACKAGE = "crash_recovery"  # the name product.py loads the plugin under
 
 
 # ----------------------------------------------------------- first calls --
@@ -89,14 +91,18 @@ def measure_first_calls(data_dir: str, repeats: int) -> Dict[str, Any]:
 # ---------------------------------------------------------- warm workers --
 
 class WorkerProcess:
-    """A long-lived worker (bench/run.py with ``--worker DIR``) driven over pipes:
-    one JSON request per line on its stdin, one JSON reply per line on its stdout."""
+    """A long-lived worker (bench/run.py with ``--worker DIR``, or the hidden
+    mode ``mode`` names) driven over pipes: one JSON request per line on its
+    stdin, one JSON reply per line on its stdout.  ``python``: the interpreter
+    to run it with (the peers' virtual environment, see peers.py)."""
 
-    def __init__(self, data_dir: str, name: str) -> None:
+    def __init__(self, data_dir: str, name: str, mode: str = "--worker",
+                 python: str = sys.executable, environment: Optional[Dict[str, str]] = None) -> None:
         self.name = name
         self.process = subprocess.Popen(
-            [sys.executable, BENCH_SCRIPT, "--worker", data_dir, "--worker-name", name],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1, cwd=REPOSITORY_ROOT)
+            [python, BENCH_SCRIPT, mode, data_dir, "--worker-name", name],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1, cwd=REPOSITORY_ROOT,
+            env=None if environment is None else {**os.environ, **environment})
 
     def send(self, request: Dict[str, Any]) -> None:
         assert self.process.stdin is not None
@@ -130,11 +136,17 @@ class WorkerProcess:
 def worker_main(data_dir: str, name: str) -> int:
     """Worker body: a warm ``RecoveryGuard`` answering requests from stdin.
 
-    ``call``: hook + middleware around a no-op tool (timed apart);
+    ``call``: hook + middleware around a no-op tool (timed apart; and the
+    process's CPU time for both);
     ``holds``: the writer-lock hold times recorded since the last ``holds``;
     ``lock_test``: run while the coordinator holds the writer lock;
+    ``busy``: protected calls back to back for ``seconds`` (busy_workers.py);
     ``exit``."""
-    recorder = LockHoldRecorder().install()
+    recorder = LockHoldRecorder()
+    if not os.environ.get(PRODUCT_ROOT_VARIABLE):
+        # A worker running another checkout (side_by_side.py's baseline) records
+        # no hold times: the hook's own CPU would be added to the calls compared.
+        recorder.install()
     caller = ProductCaller(data_dir)
     caller.call_number = 0
     reply: Dict[str, Any]
@@ -143,6 +155,7 @@ def worker_main(data_dir: str, name: str) -> int:
         operation = request["op"]
         try:
             if operation == "call":
+                cpu_began = time.process_time()
                 began = time.perf_counter()
                 verdict = caller.hook()
                 hooked = time.perf_counter()
@@ -150,7 +163,8 @@ def worker_main(data_dir: str, name: str) -> int:
                     raise RuntimeError(f"pre_tool_call refused: {str(verdict)[:300]}")
                 caller.middleware()
                 ended = time.perf_counter()
-                reply = {"ok": True, "hook_seconds": hooked - began, "middleware_seconds": ended - hooked}
+                reply = {"ok": True, "hook_seconds": hooked - began, "middleware_seconds": ended - hooked,
+                         "cpu_seconds": time.process_time() - cpu_began}
             elif operation == "hook":
                 began = time.perf_counter()
                 verdict = caller.hook()
@@ -161,6 +175,9 @@ def worker_main(data_dir: str, name: str) -> int:
                 recorder.reset()
             elif operation == "lock_test":
                 reply = {"ok": True, **lock_test_in_worker(caller, data_dir)}
+            elif operation == "busy":
+                reply = {"ok": True, **busy_attempts(caller, request["seconds"],
+                                                     request["pause_after_refusal"])}
             elif operation == "exit":
                 break
             else:
@@ -206,6 +223,67 @@ def lock_test_in_worker(caller: ProductCaller, data_dir: str) -> Dict[str, Any]:
             "call_refusal_code": refusal_code, "call_ms": milliseconds(call_seconds),
             "call_downstream_ran": downstream_ran,
             "busy_timeout_seconds": LOCK_TEST_BUSY_TIMEOUT_SECONDS}
+
+
+def refusal_code(message: Any) -> str:
+    """The ``code`` of a blocked JSON message (the hook's ``message``, or the
+    middleware's result), or ``unparsed``."""
+    try:
+        code = json.loads(message).get("code")
+    except (TypeError, ValueError, AttributeError):
+        return "unparsed"
+    return code if isinstance(code, str) else "unparsed"
+
+
+class LogRecordCounter(logging.Handler):
+    """Counts the product's log records by level instead of printing them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: Dict[str, int] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.counts[record.levelname] = self.counts.get(record.levelname, 0) + 1
+
+
+def busy_attempts(caller: ProductCaller, seconds: float, pause_after_refusal: float) -> Dict[str, Any]:
+    """Protected calls (hook, then -- if it allows -- the middleware) back to
+    back for ``seconds``, as a busy worker makes them, pausing
+    ``pause_after_refusal`` seconds after a refusal (the model is told to
+    wait and ask again).  Each attempt is timed (wall); refused ones are
+    recorded with their code and the stage that refused (``hook`` or
+    ``middleware``).  The product's log records are counted, not printed."""
+    admitted: List[float] = []
+    refused: List[list] = []  # [seconds, code, stage]
+    logged = LogRecordCounter()
+    product_logger = logging.getLogger(PRODUCT_PACKAGE)
+    product_logger.addHandler(logged)
+    cpu_began = time.process_time()
+    began = time.perf_counter()
+    deadline = began + seconds
+    now = began
+    try:
+        while now < deadline:
+            verdict = caller.hook()  # for call number call_number + 1, as ProductCaller.middleware
+            caller.call_number += 1
+            if verdict is not None:
+                stage, code = "hook", refusal_code(verdict.get("message"))
+            else:
+                result = caller.recovery_guard.tool_execution(
+                    TOOL_NAME, TOOL_ARGS, caller._no_op_tool, session_id="bench-session",
+                    tool_call_id=f"bench-call-{caller.call_number}")
+                stage, code = ("middleware", refusal_code(result)) if result != NO_OP_RESULT else (None, None)
+            ended = time.perf_counter()
+            if stage is None:
+                admitted.append(ended - now)
+            else:
+                refused.append([ended - now, code, stage])
+                time.sleep(pause_after_refusal)
+            now = time.perf_counter()
+    finally:
+        product_logger.removeHandler(logged)
+    return {"elapsed_seconds": now - began, "cpu_seconds": time.process_time() - cpu_began,
+            "admitted_seconds": admitted, "refused": refused, "log_records": logged.counts}
 
 
 def measure_workers(journal_dir: str, floor_dir: str, calls: int, lock_test: bool) -> Dict[str, Any]:

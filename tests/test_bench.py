@@ -57,7 +57,20 @@ TARGET_FRAGMENTS = (
     "one warm worker alone", "writer-lock hold of an admission", "gate check (pre_tool_call)",
     "after archiving", "first protected call of a fresh process at", "operator_cli.py status",
     "overhead in one process at 0 events", "fsyncs per append",
+    # issue 27
+    "protected call on disk, fresh journal, middleware", "protected call on disk, fresh journal, hook",
+    "protected call on tmpfs, fresh journal, middleware", "protected call on tmpfs, fresh journal, hook",
+    "one process, middleware p50 / protocol floor p50", "one process, hook + middleware p50 / protocol floor",
+    "first protected call at", "refusal because another call is in flight, p99 with 8 busy workers",
+    "throughput of 8 busy workers / one worker", "CPU per protected call on disk (hook + middleware",
+    "CPU per protected call on disk / the baseline", "CPU per protected call on tmpfs / the baseline",
+    "cross-process lock mechanisms", "runtime Python lines", "stat-family calls (stat + lstat + fstat) of one file",
 )
+# A baseline for the "CPU halved" rows (µs per call on disk, on tmpfs): any figures do.
+CPU_BASELINE_US = (2000.0, 1000.0)
+SIDE_BY_SIDE_SERIES = ("floor", "middleware", "hook_and_middleware")
+PEER_SERIES = ("dbos", "langgraph")
+OS_CALL_KINDS = ("protected_call", "read", "middleware", "read_unchanged")
 
 
 def is_number(value) -> bool:
@@ -71,9 +84,14 @@ class BenchmarkQuickRunTest(unittest.TestCase):
     def setUpClass(cls):
         cls.temporary = tempfile.TemporaryDirectory(prefix="bench-test-")
         json_path = os.path.join(cls.temporary.name, "results.json")
+        # The peers are asked for in this interpreter: where it lacks them (the
+        # suite's own), the run must say why they were not measured.
         cls.completed = subprocess.run(
             [sys.executable, BENCH_RUN, "--quick", "--json", json_path,
-             "--workdir", os.path.join(cls.temporary.name, "work")],
+             "--workdir", os.path.join(cls.temporary.name, "work"), "--peers", "--peers-python",
+             sys.executable, "--cpu-baseline-us", ",".join(map(str, CPU_BASELINE_US)),
+             # This checkout as its own baseline: the series runs, whatever code it is.
+             "--baseline-root", REPOSITORY_ROOT],
             capture_output=True, text=True, cwd=REPOSITORY_ROOT, timeout=900)
         cls.report = None
         if cls.completed.returncode == 0:
@@ -265,10 +283,147 @@ class BenchmarkQuickRunTest(unittest.TestCase):
             if row["met"] is not None:
                 self.assertTrue(is_number(row["measured"]), row)
 
+    def test_side_by_side_with_the_peers(self):
+        side = self.report["side_by_side"]
+        calls = self.report["settings"]["calls"]
+        self.assertEqual(side["calls"], calls)
+        self.assertIn("disk", side["filesystems"])
+        self.assertLessEqual(set(side["filesystems"]) | set(side["not_measured"]), {"disk", "tmpfs"})
+        peers = side["peers"]
+        for name, entry in side["filesystems"].items():
+            series = entry["series"]
+            expected = SIDE_BY_SIDE_SERIES + ("baseline",) + (PEER_SERIES if peers["measured"] else ())
+            self.assertEqual(set(series), set(expected), name)
+            for key in expected:
+                for measure in ("wall", "cpu"):
+                    where = f"side_by_side.{name}.{key}.{measure}"
+                    self.assert_numbers(series[key][measure], ("p50_ms", "p99_ms", "mean_ms", "max_ms"),
+                                        where)
+                    self.assertEqual(series[key][measure]["n"], calls, where)
+                self.assertGreater(series[key]["wall"]["p50_ms"], 0)
+            for key in ("middleware", "hook_and_middleware"):
+                self.assert_numbers(series[key], ("wall_ratio_to_floor_p50", "cpu_ratio_to_floor_mean",
+                                                  "extra_cpu_over_floor_mean_ms"), f"{name}.{key}")
+            if peers["measured"]:
+                for kind in PEER_SERIES:
+                    self.assertEqual(set(series[kind]["settings"]),
+                                     {"journal_mode", "synchronous", "busy_timeout", "durability"})
+                    self.assertTrue(all(value > 0 for value in series[kind]["rows_per_call"].values()))
+        if peers["measured"]:
+            self.assertIn("DBOS: one-step workflow", self.completed.stdout)
+        else:
+            # This interpreter has no peers: the reason is the import's, printed.
+            self.assertIsInstance(peers["why"], str)
+            self.assertIn("dbos", peers["why"])
+            self.assertIn(f"The peers were not measured: {peers['why']}", self.completed.stdout)
+
+    def test_first_call_against_verify(self):
+        for entry in self.report["sizes"]:
+            versus = entry["first_call_vs_verify"]
+            where = f"sizes[{entry['events']}].first_call_vs_verify"
+            self.assertEqual(versus["pairs"], self.report["settings"]["repeats"], where)
+            self.assert_numbers(versus, ("first_call_process_seconds", "first_call_seconds",
+                                         "verify_process_seconds", "ratio_process_to_verify"), where, positive=True)
+            self.assertEqual(len(versus["first_call_process_samples"]), versus["pairs"])
+            self.assertEqual(len(versus["verify_samples"]), versus["pairs"])
+            # The first-call probe times the whole process around the call.
+            self.assertGreater(versus["first_call_process_seconds"], versus["first_call_seconds"], where)
+
+    def test_busy_workers(self):
+        sizes = self.report["sizes"]
+        self.assertEqual([entry["events"] for entry in sizes if "busy_workers" in entry],
+                         self.report["settings"]["busy_sizes"])
+        busy = sizes[-1]["busy_workers"]
+        for phase, workers in (("alone", 1), ("together", 8)):
+            measured = busy[phase]
+            where = f"busy_workers.{phase}"
+            self.assertEqual(measured["workers"], workers, where)
+            self.assertEqual(measured["attempts"], measured["admitted"] + measured["refused"], where)
+            self.assertEqual(sum(measured["admitted_per_worker"]), measured["admitted"], where)
+            self.assertEqual(len(measured["admitted_per_worker"]), workers, where)
+            self.assertGreaterEqual(measured["attempts"], workers, where)  # each tried at least once
+            self.assertEqual(sum(entry["n"] for entry in measured["refused_by_code"].values()),
+                             measured["refused"], where)
+            self.assertEqual(sum(entry["n"] for entry in measured["refused_by_stage"].values()),
+                             measured["refused"], where)
+            self.assertLessEqual(set(measured["refused_by_stage"]), {"hook", "middleware"}, where)
+            self.assert_numbers(measured, ("seconds", "admitted_per_second", "attempts_per_second"), where)
+        # Alone, nothing else is in flight: every attempt is admitted.
+        self.assertEqual(busy["alone"]["refused"], 0)
+        self.assertGreaterEqual(busy["alone"]["admitted"], 1)
+        self.assertTrue(busy["throughput_ratio"] is None or is_number(busy["throughput_ratio"]))
+        in_flight = busy["in_flight_refusal"]
+        if in_flight is not None:
+            self.assert_distribution(in_flight, "busy_workers.in_flight_refusal")
+
+    def test_os_calls(self):
+        calls = self.report["settings"]["os_calls"]
+        for entry in self.report["sizes"]:
+            counted = entry["os_calls"]
+            for kind in OS_CALL_KINDS:
+                where = f"sizes[{entry['events']}].os_calls.{kind}"
+                measured = counted[kind]
+                self.assertEqual(measured["units"], calls, where)
+                self.assertEqual(set(measured["per_function"]), set(counted["functions"]), where)
+                self.assert_numbers(measured, ("most_stats_of_one_file",), where)
+                for name, functions in measured["per_file"].items():
+                    self.assertLessEqual(set(functions), set(counted["functions"]), f"{where}.{name}")
+            # A protected call writes head.json (under a temp name) and the call lock.
+            protected = counted["protected_call"]["per_file"]
+            self.assertIn("head.json", protected)
+            self.assertFalse(any(name.startswith("/") and "crash-recovery-bench" in name for name in protected))
+
+    def test_lock_mechanisms(self):
+        locks = self.report["lock_mechanisms"]
+        self.assertEqual(locks["count"], len(locks["mechanisms"]))
+        self.assertGreaterEqual(locks["count"], 1)
+        for mechanism in locks["mechanisms"]:
+            self.assertTrue(mechanism["kind"] and mechanism["file"] and mechanism["sites"], mechanism)
+        for site in locks["source"]["lock_sites"]:
+            self.assertTrue(site["file"].endswith(".py") and site["line"] > 0 and site["function"], site)
+        scenario = locks["trace"]["scenario"]
+        if scenario is not None:  # traced where fcntl exists
+            self.assertEqual(scenario["sibling_hook"], "blocked")
+            self.assertEqual(scenario["sibling_middleware"], "refused")
+            self.assertEqual(scenario["status_exit"], 0)
+        self.assertIn("Cross-process lock mechanisms:", self.completed.stdout)
+
+    def test_runtime_lines(self):
+        lines = self.report["runtime_lines"]
+        self.assertEqual(lines["lines"], sum(lines["per_file"].values()))
+        self.assertEqual(lines["files"], len(lines["per_file"]))
+        self.assertEqual(sum(part["lines"] for part in lines["parts"].values()), lines["lines"])
+        for path in lines["per_file"]:
+            self.assertTrue(path.endswith(".py"), path)
+            self.assertFalse(path.split(os.sep)[0] in ("tests", "bench") or path.startswith("."), path)
+        for path in ("guard.py", "journal.py", os.path.join("storage", "call_lock.py")):
+            self.assertIn(path, lines["per_file"])
+
+    def test_cpu_baseline_rows(self):
+        self.assertEqual(self.report["settings"]["cpu_baseline_us"],
+                         {"disk": CPU_BASELINE_US[0], "tmpfs": CPU_BASELINE_US[1]})
+        self.assertEqual(self.report["side_by_side"]["baseline_root"], REPOSITORY_ROOT)
+        systems = self.report["side_by_side"]["filesystems"]
+        for name, entry in systems.items():
+            baseline = entry["series"]["baseline"]
+            for measure in ("wall", "cpu"):
+                self.assertEqual(baseline[measure]["n"], self.report["settings"]["calls"], name)
+            self.assert_numbers(baseline, ("wall_ratio_to_floor_p50", "cpu_ratio_to_floor_mean"), name)
+            self.assert_numbers(entry["series"]["hook_and_middleware"], ("cpu_ratio_to_baseline_mean",), name)
+        rows = [row for row in self.report["targets"] if "/ the baseline before issue 27" in row["name"]]
+        self.assertEqual(len(rows), len(systems))
+        for row in rows:
+            # Measured in the same run, the baseline series wins over the figures given.
+            self.assertIn("--baseline-root, same run", row["note"])
+            self.assertTrue(is_number(row["measured"]), row)
+            self.assertIn(row["met"], (True, False), row)
+
     def test_tables_printed(self):
         for heading in ("| target | measured | target | met |", "### Verification",
                         "### Warm workers", "Gate check while another connection held",
-                        "Archive of "):
+                        "Archive of ", "### Side by side", "### A fresh process's first call against",
+                        "### Busy workers", "### File-system calls", "### Cross-process lock mechanisms",
+                        "### Runtime size"):
             self.assertIn(heading, self.completed.stdout)
 
 
