@@ -26,6 +26,7 @@ import os
 import sqlite3
 import threading
 import time
+import weakref
 from typing import Callable, Iterator, Optional
 
 from . import archive
@@ -40,8 +41,7 @@ from .record import (CREATED_KEY, KIND_ARCHIVED, SCHEMA, canonical_text, created
 from .schema import (SQL_CHECKPOINT_PASSIVE, SQL_COUNT_EVENTS, SQL_DROP_TRIGGER,
                      SQL_EMPTY_EVENTS, SQL_EMPTY_METADATA, SQL_INSERT_EVENT,
                      SQL_SELECT_EVENTS_BETWEEN, SQL_SELECT_HASH_AT, SQL_SELECT_JOURNAL_ID,
-                     SQL_SELECT_METADATA_VALUE,
-                     SQL_SELECT_OPERATION_EVENTS, SQL_SELECT_PAYLOAD_AT,
+                     SQL_SELECT_METADATA_VALUE, SQL_SELECT_OPERATION_EVENTS, SQL_SELECT_PAYLOAD_AT,
                      SQL_SELECT_RAW_ROWS_BETWEEN, SQL_SELECT_ROW, SQL_VACUUM, SQL_VERSIONS, TRIGGERS,
                      create_schema_rows, create_triggers)
 from .head_lock import HeadLock
@@ -93,6 +93,9 @@ class JournalStore(VerifiedSnapshots):
         # The code of the last verdict (None: the journal verified).
         self.verdict: Optional[str] = None
         self.forget()
+        # Dropped unclosed or open at exit (hosts rarely close a guard): closed,
+        # never left to the garbage collector; the files stay as a kill leaves them.
+        weakref.finalize(self, self.database.close, fold=False)
 
     @property
     def lock(self) -> "threading.RLock":
@@ -406,11 +409,20 @@ class JournalStore(VerifiedSnapshots):
                 finally:
                     connection.execute(wait)
                 if give_up is not None:
-                    give_up(self.snapshot(check_files=False))
+                    give_up(self._snapshot_while_waiting())
                 time.sleep(BEGIN_PAUSES_SECONDS[min(attempt, len(BEGIN_PAUSES_SECONDS) - 1)])
                 attempt += 1
         except sqlite3.Error as exc:
             raise translate_sqlite_error(exc, "taking the journal writer lock") from None
+
+    def _snapshot_while_waiting(self) -> Chain:
+        """For a writer waiting for the writer lock: the cached chain while the
+        database files are as verified (a stat), else a new snapshot; so waiters
+        never starve the writer they wait for of the head lock."""
+        with contextlib.suppress(OSError):
+            if self._fresh() and self.database.files_touched(self.database.files_now()) is None:
+                return self._chain
+        return self.snapshot(check_files=False)
 
     def _catch_up_locked(self, connection: sqlite3.Connection, chain: Chain) -> Chain:
         """Under the writer lock: what changed since the snapshot.  Cheap --

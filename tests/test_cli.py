@@ -196,6 +196,7 @@ class ResolveTests(CliTestCase):
         self.assertEqual(report.operations[self.open_op]["outcome"], "not_applied")
         ran = []
         guard = RecoveryGuard(self.data_dir)
+        self.addCleanup(guard.close)
         guard.tool_execution(tool_name="book_trip", args={"to": "LIS"},
                              next_call=lambda: ran.append(1) or "booked")
         self.assertEqual(ran, [1])

@@ -47,7 +47,8 @@ class ClosedGate(GuardTestCase):
         with self.assertRaises(TimeoutError), self.assertLogs("crash_recovery", "WARNING"):
             self.call(tool="send_payment", guard=guard or self.guard,
                       downstream=Downstream(error=TimeoutError("gateway timeout")))
-        [operation] = Journal(self.data_dir, readonly=True).unresolved()
+        with Journal(self.data_dir, readonly=True) as journal:
+            [operation] = journal.unresolved()
         return operation.operation_id
 
     def assertRefusedWhileClosed(self, tool, code, operation_ids, args=None, guard=None):

@@ -148,7 +148,11 @@ class EveryLoggerOfThePluginEscapes(unittest.TestCase):
         found = []
         for folder, _, files in os.walk(REPO):
             parts = os.path.relpath(folder, REPO).split(os.sep)
-            if parts[0] in ("tests", "bench", ".git") or "__pycache__" in parts:
+            # Not the runtime: tests, benchmarks, hidden folders (.git, .venv-*)
+            # and any virtual environment.
+            if (parts[0] in ("tests", "bench") or parts[0].startswith(".")
+                    or "__pycache__" in parts
+                    or os.path.exists(os.path.join(REPO, parts[0], "pyvenv.cfg"))):
                 continue
             for name in files:
                 path = os.path.join(folder, name)

@@ -162,7 +162,8 @@ class ModelFacingTexts(JournalTestCase):
                                   args=(guard.tool_execution, "send_payment", {}, hangs))
         worker.start()
         self.assertTrue(started.wait(30))
-        [operation] = Journal(self.data_dir, readonly=True).unresolved()
+        with Journal(self.data_dir, readonly=True) as reader:
+            [operation] = reader.unresolved()
         with Journal(self.data_dir) as journal:
             journal.resolve(operation.operation_id, outcome="completed", evidence="paid P-1",
                             operator={"user": "ops"}, forced=True)

@@ -50,7 +50,7 @@ if stall:  # a slow disk: every append stalls between head.json and COMMIT
     durable.set_boundary_hook(lambda boundary, kind: boundary == "directory_fsynced"
                               and time.sleep(stall))
 guard = RecoveryGuard(data_dir)
-returned, refused = 0, collections.Counter()
+returned, refused, messages = 0, collections.Counter(), {}
 while not os.path.exists(stop):
     result = guard.tool_execution(tool_name="book_trip", args={"n": returned},
                                   next_call=lambda: {"pnr": "P"}, session_id="s",
@@ -58,11 +58,14 @@ while not os.path.exists(stop):
     if result == {"pnr": "P"}:
         returned += 1
     else:
-        refused[json.loads(result)["code"]] += 1
+        refusal = json.loads(result)
+        refused[refusal["code"]] += 1
+        if refusal["code"] != "operation_in_flight":
+            messages.setdefault(refusal["code"], refusal.get("explanation"))
     if returned + sum(refused.values()) == 1:
         print("ready", flush=True)
 guard.close()
-print(json.dumps({"returned": returned, "refused": refused}), flush=True)
+print(json.dumps({"returned": returned, "refused": refused, "messages": messages}), flush=True)
 '''
 
 
@@ -91,12 +94,14 @@ class HealthyBusyProfile(JournalTestCase):
     def stop_workers(self, workers):
         open(self.stop, "a").close()
         returned, refused = 0, collections.Counter()
+        self.messages = {}  # the first message of each refusal but operation_in_flight
         for worker in workers:
             output, errors = worker.communicate(timeout=CHILD_TIMEOUT_SECONDS)
             self.assertEqual(worker.returncode, 0, errors)
             report = json.loads(output)
             returned += report["returned"]
             refused.update(report["refused"])
+            self.messages.update(report["messages"])
         return returned, refused
 
     def test_polls_of_a_busy_profile_never_report_an_unknown_outcome_or_a_verdict(self):
@@ -142,6 +147,6 @@ class HealthyBusyProfile(JournalTestCase):
         self.assertEqual(wrong, [], f"false reports of a healthy busy profile; seen {dict(seen)}")
         self.assertGreater(returned, 0)
         self.assertEqual(set(refused) - {"operation_in_flight"}, set(),
-                         f"sibling refusals {dict(refused)}")
+                         f"sibling refusals {dict(refused)}: {self.messages}")
         status = self.assertVerifies()
         self.assertEqual(run_cli(self.data_dir, "status", "--check")[0], 0)

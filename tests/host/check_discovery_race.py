@@ -18,7 +18,9 @@ crash-recovery is not registered.
   discovery).  The host makes the session wait for discovery before it asks
   the model anything (0.20+: ``discover_plugins`` joins the background thread,
   then takes the manager's lock): the model's first call is journaled and
-  runs once.
+  runs once.  (The join gives up after 30 s; on a loaded machine the session
+  may then start without the plugins' tools, and the call must be refused
+  with nothing run or journaled: the check says which happened.)
 * **forced_rediscovery** (0.20, 0.22): a plugin reload
   (``discover_plugins(force=True)``, what a live gateway's plugin rewire
   runs) is in flight when the model's protected call arrives; the host reads
@@ -118,7 +120,17 @@ def scenario_startup(home: Path, checks: CheckList) -> None:
 
         releaser = threading.Thread(target=release_once_waiting, daemon=True)
         releaser.start()
+        gave_up = []  # the host's join of the discovery timed out (30 s on 0.20+)
         if background:
+            join = plugins._join_background_discovery
+
+            def recording_join(*args: Any, **kwargs: Any) -> None:
+                join(*args, **kwargs)
+                thread = plugins._background_discovery_thread
+                if thread is not None and thread.is_alive() \
+                        and thread is not threading.current_thread():
+                    gave_up.append(True)
+            plugins._join_background_discovery = recording_join
             plugins.start_background_plugin_discovery()  # hermes_cli/main.py's entry point
         messages = run_agent(provider, checks, "session-startup", len(turns))
         releaser.join(WAIT_SECONDS)
@@ -127,6 +139,22 @@ def scenario_startup(home: Path, checks: CheckList) -> None:
                  seen.get("entered") is True and seen.get("model_asked_before_release") == 0,
                  seen=seen)
     runs = handler_runs(Path(os.environ["BOOKING_SERVICE_DB"]))
+    if gave_up:
+        # A loaded machine: the host stopped waiting for discovery and built the
+        # session without the plugins' tools.  Then the promise is that the call
+        # never ran unjournaled: refused by name, nothing run, nothing journaled.
+        print(f"  the host stopped waiting for plugin discovery ({len(gave_up)} join(s) timed "
+              "out): checking the refusal instead", file=sys.stderr)
+        Path(os.environ["DISCOVERY_GAVE_UP"]).write_text("yes", encoding="utf-8")
+        try:
+            code = json.loads(messages.get("call_first") or "{}").get("code")
+        except ValueError:
+            code = None  # the host's own answer: still nothing may have run
+        checks.check("first_call_journaled_and_ran_once",
+                     code in ("bridge_call_unresolved", None) and runs == []
+                     and events_of(home) == [], code=code, events=events_of(home), runs=runs,
+                     message=messages.get("call_first"))
+        return
     checks.check("first_call_journaled_and_ran_once",
                  outcome_reasons(events_of(home)) == {
                      "call_first": ("book_trip", "returned", "returned")}
@@ -187,7 +215,10 @@ class RaceRun(check_host.HostRun):
         self.run_scenario(label, label, home,
                           DISCOVERY_ENTERED=str(home.parent / "entered"),
                           DISCOVERY_RELEASE=str(home.parent / "release"),
-                          RACE_PROBE_LOG=str(home.parent / "probe.jsonl"))
+                          RACE_PROBE_LOG=str(home.parent / "probe.jsonl"),
+                          DISCOVERY_GAVE_UP=str(home.parent / "gave_up"))
+        if (home.parent / "gave_up").exists():  # nothing was journaled (checked in the child)
+            return
         self.verify_journal(label, home)
 
     def startup(self) -> None:
