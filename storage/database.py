@@ -377,9 +377,9 @@ class Database:
         return self._files_seen
 
     def remember_sample(self, sample: Optional[tuple]) -> None:
-        """Record ``sample`` (a :meth:`files_now` taken before this
-        connection's last read) as the files it left: older than the read, so
-        a commit in between only makes the next look verify more."""
+        """Record ``sample`` (a :meth:`files_now` that shows the files as this
+        connection's last read had them: taken under the head lock, or before a
+        read that found no new commit) as the files it left."""
         self._files_seen = sample
 
     def files_touched(self, sample: Optional[tuple] = None) -> Optional[str]:

@@ -110,6 +110,9 @@ class VerifiedSnapshots:
                 # Reading the header starts the read transaction: the snapshot.
                 schema_version, data_version = connection.execute(SQL_VERSIONS).fetchone()
                 at_rest = self.files.read_at_rest()
+                # The files as this snapshot has them: a commit after the look
+                # above changed data_version, and must not read as a raw edit later.
+                pinned = sampled if data_version == self._data_version else self._look()
             chain = self._chain
             stale = (chain is None or full or self.full_verification
                      or schema_version != self._schema_version
@@ -150,7 +153,7 @@ class VerifiedSnapshots:
             return self._create(connection)  # new, or its creator died half-way
         self._chain, self._schema_version, self._data_version = chain, schema_version, data_version
         self._verified = (chain.journal_id, chain.count, chain.head)
-        self.database.remember_sample(sampled)
+        self.database.remember_sample(pinned)
         if check_files:
             try:
                 self.check_files(chain, at_rest)
