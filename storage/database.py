@@ -516,3 +516,19 @@ class Database:
         reach_boundary("tables_committed", BOUNDARY_KIND_GENESIS)
         connection.execute("BEGIN IMMEDIATE")
         return journal_id
+
+
+def close_dropped(locks: list, database: Database) -> None:
+    """The finalizer of a journal store dropped unclosed, or still open at exit
+    (hosts rarely close a guard); ``locks``: its ``[lock, pid]``.  The
+    connection is closed, never left to the garbage collector -- unless a
+    thread holds the lock (inside a call: it then ends as a kill would leave
+    it).  A forked child drops its parent's connection unclosed (forksafe)."""
+    lock, pid = locks
+    if pid != os.getpid():
+        database.close(fold=False)
+    elif lock.acquire(blocking=False):
+        try:
+            database.close(fold=database.own_wal_deleted())
+        finally:
+            lock.release()

@@ -395,9 +395,10 @@ class DurableFiles:
         self._files_read[path] = (state, content)
         return content
 
-    def _bytes(self, found: Any, name: str, missing: Optional[IntegrityError]) -> Optional[bytes]:
-        """The bytes seen, raising ``missing`` (absent), ``foreign_file`` (not a
-        regular file) or ``storage_unavailable`` (unreadable); None for an
+    def _bytes(self, found: Any, name: str,
+               missing: Optional[Callable[[], IntegrityError]]) -> Optional[bytes]:
+        """The bytes seen, raising ``missing()`` (absent), ``foreign_file`` (not
+        a regular file) or ``storage_unavailable`` (unreadable); None for an
         absent file when ``missing`` is None."""
         if isinstance(found, OSError):
             path = os.path.join(self.data_dir, name)
@@ -406,7 +407,7 @@ class DurableFiles:
                 raise foreign_file(path, kind) from None
             raise storage_error(found, f"reading {name}")
         if found is None and missing is not None:
-            raise missing
+            raise missing()
         return found
 
     def check_marker_identity(self, journal_id: str, at_rest: FilesAtRest) -> None:
@@ -429,7 +430,7 @@ class DurableFiles:
         """The marker must hold exactly :func:`record.marker_text`.
         ``creation_interrupted``: an empty journal whose creator died before
         writing it -- its absence is then not an error."""
-        missing = None if creation_interrupted else IntegrityError(
+        missing = None if creation_interrupted else lambda: IntegrityError(
             "marker_missing", f"{MARKER_NAME} is missing beside a journal with {count} events")
         found = self._bytes(at_rest.marker, MARKER_NAME, missing)
         if self._expected_marker[0] != (journal_id, schema):  # encode once per journal
@@ -454,7 +455,7 @@ class DurableFiles:
         key = (expected["journal_id"], expected["count"], expected["head"])
         if self._expected_checkpoint[0] != key:  # encode once per chain state
             self._expected_checkpoint = (key, canonical_text(expected).encode("utf-8"))
-        missing = None if creation_interrupted else IntegrityError(
+        missing = None if creation_interrupted else lambda: IntegrityError(
             "checkpoint_missing", f"{CHECKPOINT_NAME} is missing")
         found = self._bytes(at_rest.checkpoint, CHECKPOINT_NAME, missing)
         if found is not None and found != self._expected_checkpoint[1]:

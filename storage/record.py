@@ -19,7 +19,7 @@ from math import isfinite
 import re
 import uuid
 from json.encoder import encode_basestring as _json_string
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Any, Iterable, Iterator, List, Optional, Tuple
 
 from .errors import EncodingError, short
 
@@ -85,12 +85,42 @@ def canonical_text(value: Any) -> str:
     deeper than :data:`MAX_NESTING`, more than :data:`MAX_VALUES` values or
     more than :data:`MAX_CANONICAL_BYTES` bytes.
     """
-    return "".join(_canonical_chunks(value))
+    return "".join(_canonical_pieces(value))
 
 
 def canonical_bytes(value: Any) -> bytes:
     """``C(x)`` as UTF-8 bytes; raises :class:`EncodingError`."""
     return canonical_text(value).encode("utf-8")
+
+
+# The plain scalar types: JSON's own, not subclasses.
+_PLAIN_SCALARS = frozenset({str, int, bool, float, type(None)})
+
+
+def _canonical_pieces(value: Any) -> Iterable[str]:
+    """``C(value)`` in pieces: one, from the json module's C encoder, for a
+    plain scalar or a flat object of them (every event payload, checkpoint and
+    most arguments); else the iterative encoder's.  The two agree byte for
+    byte (tests/test_canonical_limits.py); refusals always come from the
+    iterative one, which names what and where."""
+    if type(value) is dict:
+        if len(value) >= MAX_VALUES or not all(
+                type(key) is str and _plain(item) for key, item in value.items()):
+            return _canonical_chunks(value)
+    elif not _plain(value):
+        return _canonical_chunks(value)
+    try:
+        text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                          allow_nan=False)
+        size = len(text.encode("utf-8"))  # a lone surrogate refuses here
+    except (ValueError, UnicodeEncodeError):
+        return _canonical_chunks(value)
+    return (text,) if size <= MAX_CANONICAL_BYTES else _canonical_chunks(value)
+
+
+def _plain(item: Any) -> bool:
+    kind = type(item)
+    return kind in _PLAIN_SCALARS and (kind is not int or -_INTEGER_BOUND < item < _INTEGER_BOUND)
 
 
 def _canonical_chunks(value: Any) -> Iterator[str]:
@@ -273,7 +303,7 @@ def sha256_hex(raw: bytes) -> str:
 def value_hash(value: Any) -> str:
     """``SHA256(C(value))``: ``args_hash`` and ``result_hash`` (docs/format.md §Hashes)."""
     digest = hashlib.sha256()
-    for chunk in _canonical_chunks(value):  # hashed as it is encoded: memory stays small
+    for chunk in _canonical_pieces(value):  # hashed as it is encoded: memory stays small
         digest.update(chunk.encode("utf-8"))
     return digest.hexdigest()
 
@@ -289,7 +319,7 @@ def call_hashes(tool: str, args: Any) -> Tuple[str, str]:
     + ``,"tool":`` + ``C(tool)`` + ``}``.  The limits of :func:`canonical_text`
     apply to ``args`` (and to ``tool``); raises :class:`EncodingError`."""
     args_digest, call_digest = hashlib.sha256(), hashlib.sha256(b'{"args":')
-    for chunk in _canonical_chunks(args):
+    for chunk in _canonical_pieces(args):
         raw = chunk.encode("utf-8")
         args_digest.update(raw)
         call_digest.update(raw)

@@ -90,10 +90,13 @@ class VerifiedSnapshots:
 
     def _snapshot(self, full: bool, check_files: bool, complete_creation: bool) -> Chain:
         opening = not self.database.is_open()
+        # data_version just before the look: a commit between the look and the
+        # read is told apart from a raw edit (see pinned below).
+        before = None if opening else self._data_version_now()
         sampled = None if opening else self._look()
         connection = self.database.connect(sampled)
         if opening:  # opened (maybe created) just now: look at what it left
-            sampled = self._look()
+            before, sampled = self._data_version_now(), self._look()
         if not self.readonly:
             # The admission's own test, so every surface of a worker (hook,
             # status tool, slash command) gives the verdict its gate gives.
@@ -110,9 +113,10 @@ class VerifiedSnapshots:
                 # Reading the header starts the read transaction: the snapshot.
                 schema_version, data_version = connection.execute(SQL_VERSIONS).fetchone()
                 at_rest = self.files.read_at_rest()
-                # The files as this snapshot has them: a commit after the look
-                # above changed data_version, and must not read as a raw edit later.
-                pinned = sampled if data_version == self._data_version else self._look()
+                # The files as this snapshot has them: the look above, unless a
+                # commit came between it and the read (then it would read as a
+                # raw edit later); an edit after the look stays seen as one.
+                pinned = sampled if data_version == before else self._look()
             chain = self._chain
             stale = (chain is None or full or self.full_verification
                      or schema_version != self._schema_version
@@ -163,6 +167,13 @@ class VerifiedSnapshots:
                 self._name_interrupted_archive(exc, at_rest)
                 raise
         return chain
+
+    def _data_version_now(self) -> Optional[int]:
+        """``PRAGMA data_version`` outside a transaction, None on error."""
+        try:
+            return self.database.connection.execute("PRAGMA data_version").fetchone()[0]
+        except (sqlite3.Error, AttributeError):
+            return None
 
     def _look(self) -> Optional[tuple]:
         """One look at the database and WAL files (:meth:`Database.files_now`),

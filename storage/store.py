@@ -31,7 +31,7 @@ from typing import Callable, Iterator, Optional
 
 from . import archive
 from .chain import Chain, PossibleReuse, apply_event
-from .database import FILES_CHANGED, Database, translate_sqlite_error
+from .database import FILES_CHANGED, Database, close_dropped, translate_sqlite_error
 from .durable import (BOUNDARY_KIND_GENESIS, BOUNDARY_KIND_MARKER, DurableFiles, reach_boundary,
                       storage_error)
 from .errors import AdmissionRefused, IntegrityError, JournalError, JournalUnavailable
@@ -82,7 +82,7 @@ class JournalStore(VerifiedSnapshots):
                                  create=create)
         self.files = DurableFiles(data_dir)
         self.head_lock = HeadLock(data_dir, busy_timeout)
-        self._lock, self._lock_pid = threading.RLock(), os.getpid()
+        self._locks = [threading.RLock(), os.getpid()]  # see lock; shared with the finalizer
         self._files_held = contextlib.ExitStack()
         self._after_commit_steps: list = []
         self._temp_files_checked = False
@@ -93,17 +93,15 @@ class JournalStore(VerifiedSnapshots):
         # The code of the last verdict (None: the journal verified).
         self.verdict: Optional[str] = None
         self.forget()
-        # Dropped unclosed or open at exit (hosts rarely close a guard): closed,
-        # never left to the garbage collector; the files stay as a kill leaves them.
-        weakref.finalize(self, self.database.close, fold=False)
+        weakref.finalize(self, close_dropped, self._locks, self.database)
 
     @property
     def lock(self) -> "threading.RLock":
         """This process's lock around every snapshot and write."""
-        if self._lock_pid != os.getpid():
-            self._lock, self._lock_pid = threading.RLock(), os.getpid()
+        if self._locks[1] != os.getpid():
+            self._locks[:] = [threading.RLock(), os.getpid()]
             self.forget()
-        return self._lock
+        return self._locks[0]
 
     def close(self) -> None:
         """Close the connection (idempotent).  SQLite may fold the WAL into the
@@ -254,8 +252,8 @@ class JournalStore(VerifiedSnapshots):
         commit after a clean exit (see the module docstring for the order of
         database and file work).  A failed COMMIT leaves head.json as written
         (``commit_failed``, see journal.py).  ``kind`` names the event for the
-        boundary hook.  ``give_up(chain)``: asked with a fresh read while
-        another writer holds the lock; it raises to refuse at once instead of
+        boundary hook.  ``give_up(chain)``: asked with the current chain
+        while another writer holds the lock; it raises to refuse at once instead of
         waiting for a lock it would only be refused under."""
         if self.readonly:
             raise JournalUnavailable("storage_unavailable", "journal opened read-only")
@@ -389,8 +387,8 @@ class JournalStore(VerifiedSnapshots):
         """``BEGIN IMMEDIATE`` within the busy timeout.  SQLite's own busy
         handler backs off up to 100 ms between tries; here each try fails at
         once while another writer holds the lock, the next comes within
-        milliseconds, and ``give_up`` is asked first with a fresh read (under
-        the normal busy timeout), so a call that would only be refused under
+        milliseconds, and ``give_up`` is asked first with the current chain
+        (:meth:`_snapshot_while_waiting`), so a call that would only be refused under
         the lock is refused at once."""
         deadline = None
         attempt = 0
@@ -416,11 +414,13 @@ class JournalStore(VerifiedSnapshots):
             raise translate_sqlite_error(exc, "taking the journal writer lock") from None
 
     def _snapshot_while_waiting(self) -> Chain:
-        """For a writer waiting for the writer lock: the cached chain while the
-        database files are as verified (a stat), else a new snapshot; so waiters
-        never starve the writer they wait for of the head lock."""
-        with contextlib.suppress(OSError):
-            if self._fresh() and self.database.files_touched(self.database.files_now()) is None:
+        """For a writer waiting for the writer lock: the cached chain while no
+        other connection committed since it was read (``data_version``), else a
+        new snapshot; so waiters never starve the writer they wait for of the
+        head lock."""
+        with contextlib.suppress(sqlite3.Error):
+            if self._fresh() and self.database.connection.execute(SQL_VERSIONS).fetchone() \
+                    == (self._schema_version, self._data_version):
                 return self._chain
         return self.snapshot(check_files=False)
 
@@ -594,3 +594,4 @@ class JournalStore(VerifiedSnapshots):
                                      first[0] if first else None)
         logger.warning("crash-recovery: %s an interrupted archive switch", done)
         return done
+

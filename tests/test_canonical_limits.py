@@ -100,6 +100,33 @@ class CanonicalLimits(unittest.TestCase):
         self.assertEqual(self.assertAdmitted({Text("b"): Number(7), "a": (1, (2,))}),
                          '{"a":[1,[2]],"b":7}')
 
+    def test_flat_objects_and_scalars_give_the_same_text_and_refusals(self):
+        # Plain scalars and flat objects of them take the json module's C
+        # encoder (storage/record.py); its text and its refusals must be the
+        # iterative encoder's.
+        texts = ["", "plain", 'q"uote', "back\\slash", "\n\r\t\b\f", "\x00\x1f\x7f",
+                 "\u2028\u2029", "\u00e9\u4e2d\U0001f600", "</script>"]
+        numbers = [0, -1, 2 ** 63, -(2 ** 64) - 1, 10 ** record.MAX_INTEGER_DIGITS - 1, 0.0, -0.0,
+                   1e16, 1.5e-7, 5e-324, 1.7976931348623157e308, True, False, None]
+        for index, value in enumerate(texts + numbers):
+            with self.subTest(index=index):
+                self.assertAdmitted(value)
+        flat = {text or "empty": value for text, value in zip(texts * 2, numbers + texts)}
+        self.assertAdmitted(flat)
+        self.assertAdmitted({})
+        for value in ({"s": "\ud800"}, {"\udfff": 1}, {"f": float("nan")}, {"f": float("inf")},
+                      {1: "a"}, {True: "a"}, {None: "a"}, {"n": 10 ** record.MAX_INTEGER_DIGITS},
+                      "\ud800x", float("-inf")):
+            with self.subTest(kind=type(value).__name__):
+                self.assertRefused(value)
+        saved = sys.get_int_max_str_digits()
+        sys.set_int_max_str_digits(640)  # json.dumps refuses here; ours must not
+        try:
+            found = record.canonical_text({"n": 10 ** 700})
+        finally:
+            sys.set_int_max_str_digits(saved)
+        self.assertEqual(found, '{"n":1' + "0" * 700 + "}")
+
     def test_nesting_up_to_the_limit_is_admitted_one_more_is_refused(self):
         for container in (list, dict):
             with self.subTest(container=container.__name__):

@@ -217,8 +217,9 @@ class EditsBehindTheWorkersBack(ProtectedCallCase):
                 self.assertEqual((code, result["integrity"]), (1, "hash_mismatch"))
 
     def test_an_edit_made_while_a_worker_reads_is_caught_at_its_next_call(self):
-        # What a read remembers of the files is what it saw before the read, so
-        # an edit landing between that look and the read counts as a change.
+        # What a read remembers of the files is what it saw before the read
+        # (unless a commit came in between), so an edit landing between that
+        # look and the read counts as a change.
         guard = RecoveryGuard(self.data_dir)
         self.addCleanup(guard.close)
         self.call(guard, Tool(), "call-0")
