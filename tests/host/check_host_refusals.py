@@ -33,7 +33,7 @@ sys.path.insert(0, str(TESTS_DIR))
 import check_host  # noqa: E402  (tests/, the shared child/parent machinery)
 import evidence  # noqa: E402
 from check_host import BOOKING, PROBE, CheckList, events_of  # noqa: E402
-from evidence import (PLUGIN_NAME, PROBE_PLUGIN_DIR, blocked_document, data_dir_of,  # noqa: E402
+from evidence import (HOST_COMMAND_SECONDS, PLUGIN_NAME, PROBE_PLUGIN_DIR, blocked_document, data_dir_of,  # noqa: E402
                       service_counts)
 
 POLICY = "policy-gate"
@@ -391,7 +391,7 @@ class RefusalRun(check_host.HostRun):
         """``hermes crash-recovery status`` (JSON) in ``home``."""
         ran = subprocess.run(self.isolation_prefix + [self.hermes, "crash-recovery", "status"],
                              env=self.child_environment(home, **environment),
-                             capture_output=True, text=True, timeout=90,
+                             capture_output=True, text=True, timeout=HOST_COMMAND_SECONDS,
                              stdin=subprocess.DEVNULL, cwd=str(home.parent))
         try:
             return json.loads(ran.stdout)
@@ -430,7 +430,7 @@ class RefusalRun(check_host.HostRun):
         ran = subprocess.run(self.isolation_prefix + [
             self.hermes, "config", "set", "plugins.entries.crash-recovery.settings.protected_tools",
             '["book_trip"]'], env=self.child_environment(home), capture_output=True, text=True,
-            timeout=90, stdin=subprocess.DEVNULL, cwd=str(home.parent))
+            timeout=HOST_COMMAND_SECONDS, stdin=subprocess.DEVNULL, cwd=str(home.parent))
         self.add(label, "config_set_exit_0", ran.returncode == 0,
                  output=(ran.stdout + ran.stderr)[-2000:])
         shown = self.operator_status(home).get("settings") or {}

@@ -38,7 +38,8 @@ sys.path.insert(0, str(TESTS_DIR))
 import check_host  # noqa: E402  (tests/, the shared child/parent machinery)
 import evidence  # noqa: E402
 from check_host import BOOKING, CheckList, booked, events_of, hermes_call  # noqa: E402
-from evidence import OPERATOR_CLI, PLUGIN_NAME, blocked_document, data_dir_of  # noqa: E402
+from evidence import (HOST_COMMAND_SECONDS, OPERATOR_CLI, PLUGIN_NAME,  # noqa: E402
+                      blocked_document, data_dir_of)
 
 TYPO = "book_trp"
 RECORD_NAME = "registered_tools.json"
@@ -146,7 +147,7 @@ class LifecycleRun(check_host.HostRun):
                                                        "--data-dir", str(data_dir_of(home)),
                                                        *words],
                               env=self.child_environment(home), capture_output=True, text=True,
-                              timeout=90, stdin=subprocess.DEVNULL, cwd=str(home.parent))
+                              timeout=HOST_COMMAND_SECONDS, stdin=subprocess.DEVNULL, cwd=str(home.parent))
 
     def typo_in_protected_tools(self) -> None:
         label = "typo_in_protected_tools"

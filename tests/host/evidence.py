@@ -19,6 +19,9 @@ HOST_DIR = Path(__file__).resolve().parent
 TESTS_DIR = HOST_DIR.parent
 REPO_ROOT = TESTS_DIR.parent
 PLUGIN_NAME = "crash-recovery"
+# The longest one host command (`hermes plugins validate`, `install`, ...) may take: an upper
+# bound for a loaded CI machine (0.22 on 3.14 once took over 90 s there), never a wait.
+HOST_COMMAND_SECONDS = 300
 BOOKING_PLUGIN_DIR = HOST_DIR / "booking_plugin"
 PROBE_PLUGIN_DIR = HOST_DIR / "probe_plugin"
 OPERATOR_CLI = REPO_ROOT / "operator_cli.py"

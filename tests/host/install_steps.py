@@ -26,7 +26,7 @@ from pathlib import Path
 
 import evidence
 import source_checkout
-from evidence import BOOKING_PLUGIN_DIR, PLUGIN_NAME, data_dir_of
+from evidence import BOOKING_PLUGIN_DIR, HOST_COMMAND_SECONDS, PLUGIN_NAME, data_dir_of
 
 BOOKING = "booking-service"
 # What the 0.22 installer prints when its scan refuses a plugin, and when the
@@ -188,7 +188,7 @@ class InstallSteps:
         machine allows it."""
         return subprocess.run(self.isolation_prefix + [self.hermes, *words],
                               env=self.child_environment(home, **extra), capture_output=True,
-                              text=True, timeout=90, stdin=subprocess.DEVNULL,
+                              text=True, timeout=HOST_COMMAND_SECONDS, stdin=subprocess.DEVNULL,
                               cwd=str(home.parent))
 
     def install_git(self) -> None:
