@@ -387,12 +387,11 @@ class JournalStore(VerifiedSnapshots):
         """``BEGIN IMMEDIATE`` within the busy timeout.  SQLite's own busy
         handler backs off up to 100 ms between tries; here each try fails at
         once while another writer holds the lock, the next comes within
-        milliseconds, and ``give_up`` is asked before the first try and between
-        tries with the current chain (:meth:`_snapshot_while_waiting`): a call
-        that would only be refused under the lock is refused at once, and
-        refusals never take the lock from the writer they wait for."""
-        if give_up is not None:
-            give_up(self._snapshot_while_waiting())
+        milliseconds, and ``give_up`` is asked between tries with the current
+        chain (:meth:`_snapshot_while_waiting`), so a call that would only be
+        refused under the lock is refused at once.  (Not before the first try:
+        under the lock the files are checked first, so a verdict such as
+        ``checkpoint_ahead`` comes before any refusal.)"""
         deadline = None
         attempt = 0
         wait = f"PRAGMA busy_timeout = {int(self.database.busy_timeout * 1000)}"
