@@ -346,6 +346,16 @@ class FilesAtRest:
     intent: bool
 
 
+def _checkpoint_key(checkpoint: dict) -> Optional[tuple]:
+    """What a checkpoint's text is a function of; None for any other shape
+    (e.g. one an archive intent supplied)."""
+    get = checkpoint.get
+    key = (get("schema"), get("journal_id"), get("count"), get("head"))
+    if len(checkpoint) != 4 or tuple(map(type, key)) != (str, str, int, str):
+        return None
+    return key
+
+
 class DurableFiles:
     """``head.json`` and ``initialized`` of one data directory.
 
@@ -452,8 +462,8 @@ class DurableFiles:
     def check_checkpoint(self, expected: dict, at_rest: FilesAtRest, *,
                          creation_interrupted: bool = False) -> None:
         """``head.json`` must equal ``expected`` (the journal summary) exactly."""
-        key = (expected["journal_id"], expected["count"], expected["head"])
-        if self._expected_checkpoint[0] != key:  # encode once per chain state
+        key = _checkpoint_key(expected)
+        if key is None or self._expected_checkpoint[0] != key:  # encode once per chain state
             self._expected_checkpoint = (key, canonical_text(expected).encode("utf-8"))
         missing = None if creation_interrupted else lambda: IntegrityError(
             "checkpoint_missing", f"{CHECKPOINT_NAME} is missing")
@@ -479,6 +489,9 @@ class DurableFiles:
         write_atomically(self.checkpoint_path, content, announce=announce,
                          on_replaced=self._note_replaced, before_replace=before_replace)
         self._remember_written(self.checkpoint_path, content)
+        key = _checkpoint_key(checkpoint)
+        if key is not None:  # the next check of head.json compares with this text
+            self._expected_checkpoint = (key, content)
 
     def _remember_written(self, path: str, content: bytes) -> None:
         """What this writer just wrote, so the next look needs only a ``stat``

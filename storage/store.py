@@ -347,8 +347,10 @@ class JournalStore(VerifiedSnapshots):
                 if chain is None:
                     raise _StaleSnapshot()
                 reach_boundary("begin", kind)
-                intent = (archive.read_intent(self.data_dir)
-                          if os.path.lexists(self.files.intent_path) else None)
+                # One look at the files under the writer lock, for the intent
+                # and for the check below (no writer of ours changes them now).
+                at_rest = self.files.read_at_rest()
+                intent = archive.read_intent(self.data_dir) if at_rest.intent else None
                 if intent is not None:
                     self.hold_files()
                     self._finish_archive_switch(connection, intent)
@@ -357,8 +359,9 @@ class JournalStore(VerifiedSnapshots):
                 if chain.count == 0 and self.create and not self.files.all_present():
                     self.hold_files()
                     self._complete_initialization(chain)
+                    at_rest = None  # written just now: look again
                 if check_checkpoint:
-                    self.check_files(chain)
+                    self.check_files(chain, at_rest)
                 return chain, connection
             except _StaleSnapshot:
                 with contextlib.suppress(sqlite3.Error):
