@@ -5,22 +5,39 @@ protected call costs at most what ``operator_cli.py verify`` costs (one full
 verification) -- at most 1.0 x at 1M events.  Both are fresh processes, run
 one after the other, ``repeats`` pairs, and timed the same way here (wall
 time of the whole process, from ``subprocess.run`` to its exit: interpreter
-start-up and imports in both).  The first-call probe is workers.py's
-(``--probe-first-call``: it also reports the time from building the guard to
-the first call's return, and makes a second, warm call); ``verify`` runs
-with its output to /dev/null.
+start-up and the product's imports in both).  The first-call process is
+first_call_probe.py (the product and one call, none of the benchmark's
+modules; it also reports the time from building the guard to the call's
+return); ``verify`` runs with its output to /dev/null.
 """
 from __future__ import annotations
 
+import json
+import os
 import statistics
 import subprocess
+import sys
 import time
 from typing import Any, Dict, List
 
 from cli_costs import cli_command
-from product import REPOSITORY_ROOT, current_count
+from product import BENCH_DIR, REPOSITORY_ROOT, TOOL_ARGS, TOOL_NAME, current_count
 from stats import ratio
-from workers import first_call_sample
+
+PROBE = os.path.join(BENCH_DIR, "first_call_probe.py")
+
+
+def first_call_process(data_dir: str) -> Dict[str, Any]:
+    """One first_call_probe.py process: its timings and ``process_seconds``."""
+    began = time.perf_counter()
+    completed = subprocess.run([sys.executable, PROBE, data_dir, TOOL_NAME, json.dumps(TOOL_ARGS)],
+                               capture_output=True, text=True, cwd=REPOSITORY_ROOT, timeout=600)
+    seconds = time.perf_counter() - began
+    if completed.returncode != 0:
+        raise RuntimeError(f"first-call probe failed: {completed.stderr[-2000:]}")
+    sample = json.loads(completed.stdout.strip().splitlines()[-1])
+    sample["process_seconds"] = round(seconds, 4)
+    return sample
 
 
 def verify_sample(data_dir: str) -> float:
@@ -40,7 +57,7 @@ def measure_first_call_vs_verify(data_dir: str, repeats: int) -> Dict[str, Any]:
     verify: List[float] = []
     events = current_count(data_dir)
     for _ in range(max(1, repeats)):
-        first.append(first_call_sample(data_dir))
+        first.append(first_call_process(data_dir))
         verify.append(verify_sample(data_dir))
     process = statistics.median(sample["process_seconds"] for sample in first)
     call = statistics.median(sample["first_call_seconds"] for sample in first)
