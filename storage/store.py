@@ -419,13 +419,14 @@ class JournalStore(VerifiedSnapshots):
             raise translate_sqlite_error(exc, "taking the journal writer lock") from None
 
     def _snapshot_while_waiting(self) -> Chain:
-        """For a writer waiting for the writer lock: the cached chain while no
-        other connection committed since it was read (``data_version``), else a
-        new snapshot; so waiters never starve the writer they wait for of the
-        head lock."""
+        """For a writer waiting for the writer lock: the chain this write
+        verified (fully, with ``full_verification``) while no other connection
+        committed since it was read (``data_version``), else a new snapshot; so
+        waiters never starve the writer they wait for of the head lock."""
+        connection = self.database.connection
         with contextlib.suppress(sqlite3.Error):
-            if self._fresh() and self.database.connection.execute(SQL_VERSIONS).fetchone() \
-                    == (self._schema_version, self._data_version):
+            if self._chain is not None and connection is not None and connection.execute(
+                    SQL_VERSIONS).fetchone() == (self._schema_version, self._data_version):
                 return self._chain
         return self.snapshot(check_files=False)
 

@@ -254,5 +254,45 @@ class WaitingForTheWriterLock(ReliabilityCase):
         sibling.close()
         self.assertEqual(self.assertVerifies().kinds(), ["started", "returned"] * 3)
 
+    def test_a_waiting_writer_reads_again_only_after_a_commit(self):
+        """With ``full_verification`` too: while nothing commits, the tries of
+        a waiting writer reuse the chain its write verified (no read, no head
+        lock taken from the writer it waits for)."""
+        from crash_recovery.storage import store
+        ours = RecoveryGuard(self.data_dir, full_verification=True)
+        self.addCleanup(ours.close)
+        self.assertEqual(ours.tool_execution("warm", {}, lambda: "ok", session_id="s",
+                                             tool_call_id="warm"), "ok")
+        journal_store = ours.gate.opened_journal._store
+        reads = []
+        real_snapshot = journal_store.snapshot
+        journal_store.snapshot = lambda **options: reads.append(options) or real_snapshot(**options)
+        holder = sqlite3.connect(os.path.join(self.data_dir, "journal.sqlite3"),
+                                 isolation_level=None, check_same_thread=False)
+        self.addCleanup(holder.close)
+        tries, reads_while_waiting = [], []
+        real_sleep = store.time.sleep
+
+        def sleep(seconds):  # our writer, between two tries of the writer lock
+            if threading.current_thread() is ours_thread:
+                tries.append(len(reads))
+                if len(tries) == 50:
+                    reads_while_waiting.append(len(reads) - tries[0])
+                    holder.execute("ROLLBACK")
+            real_sleep(seconds)
+
+        result = []
+        ours_thread = threading.Thread(target=lambda: result.append(ours.tool_execution(
+            "pay", {}, lambda: "paid", session_id="s", tool_call_id="ours")))
+        holder.execute("BEGIN IMMEDIATE")
+        with mock.patch.object(store.time, "sleep", sleep):
+            ours_thread.start()
+            ours_thread.join(60)
+        self.assertEqual((result, len(tries), reads_while_waiting), (["paid"], 50, [0]))
+        self.assertEqual(reads[:1], [{"check_files": False}])  # the write's full verification
+        ours.close()
+        self.assertEqual(self.assertVerifies().kinds(), ["started", "returned"] * 2)
+
+
 if __name__ == "__main__":
     unittest.main()
