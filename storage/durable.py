@@ -346,9 +346,15 @@ class FilesAtRest:
     intent: bool
 
 
-def _checkpoint_key(checkpoint: dict) -> Optional[tuple]:
-    """What a checkpoint's text is a function of; None for any other shape
-    (e.g. one an archive intent supplied)."""
+def _checkpoint_key(checkpoint: dict) -> tuple:
+    """What the text of a checkpoint of :func:`record.checkpoint_of`'s shape
+    is a function of."""
+    return checkpoint["schema"], checkpoint["journal_id"], checkpoint["count"], checkpoint["head"]
+
+
+def _written_checkpoint_key(checkpoint: dict) -> Optional[tuple]:
+    """:func:`_checkpoint_key` of a checkpoint about to be written, None for
+    any other shape (e.g. one an archive intent supplied)."""
     get = checkpoint.get
     key = (get("schema"), get("journal_id"), get("count"), get("head"))
     if len(checkpoint) != 4 or tuple(map(type, key)) != (str, str, int, str):
@@ -463,7 +469,7 @@ class DurableFiles:
                          creation_interrupted: bool = False) -> None:
         """``head.json`` must equal ``expected`` (the journal summary) exactly."""
         key = _checkpoint_key(expected)
-        if key is None or self._expected_checkpoint[0] != key:  # encode once per chain state
+        if self._expected_checkpoint[0] != key:  # encode once per chain state
             self._expected_checkpoint = (key, canonical_text(expected).encode("utf-8"))
         missing = None if creation_interrupted else lambda: IntegrityError(
             "checkpoint_missing", f"{CHECKPOINT_NAME} is missing")
@@ -489,7 +495,7 @@ class DurableFiles:
         write_atomically(self.checkpoint_path, content, announce=announce,
                          on_replaced=self._note_replaced, before_replace=before_replace)
         self._remember_written(self.checkpoint_path, content)
-        key = _checkpoint_key(checkpoint)
+        key = _written_checkpoint_key(checkpoint)
         if key is not None:  # the next check of head.json compares with this text
             self._expected_checkpoint = (key, content)
 

@@ -95,6 +95,10 @@ def canonical_bytes(value: Any) -> bytes:
 
 # The plain scalar types: JSON's own, not subclasses.
 _PLAIN_SCALARS = frozenset({str, int, bool, float, type(None)})
+# json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+# allow_nan=False), built once; no cycle check: it only meets scalars and flat objects.
+_JSON_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                                 allow_nan=False, check_circular=False)
 
 
 def _canonical_pieces(value: Any) -> Iterable[str]:
@@ -104,14 +108,15 @@ def _canonical_pieces(value: Any) -> Iterable[str]:
     byte (tests/test_canonical_limits.py); refusals always come from the
     iterative one, which names what and where."""
     if type(value) is dict:
-        if len(value) >= MAX_VALUES or not all(
-                type(key) is str and _plain(item) for key, item in value.items()):
+        if len(value) >= MAX_VALUES:
             return _canonical_chunks(value)
+        for key, item in value.items():
+            if type(key) is not str or not _plain(item):
+                return _canonical_chunks(value)
     elif not _plain(value):
         return _canonical_chunks(value)
     try:
-        text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                          allow_nan=False)
+        text = _JSON_ENCODER.encode(value)
         size = len(text.encode("utf-8"))  # a lone surrogate refuses here
     except (ValueError, UnicodeEncodeError):
         return _canonical_chunks(value)
