@@ -347,9 +347,7 @@ class JournalStore(VerifiedSnapshots):
                 if chain is None:
                     raise _StaleSnapshot()
                 reach_boundary("begin", kind)
-                # One look at the files under the writer lock, for the intent
-                # and for the check below (no writer of ours changes them now).
-                at_rest = self.files.read_at_rest()
+                at_rest = self.files.read_at_rest()  # for the intent and the check below
                 intent = archive.read_intent(self.data_dir) if at_rest.intent else None
                 if intent is not None:
                     self.hold_files()
@@ -419,10 +417,9 @@ class JournalStore(VerifiedSnapshots):
             raise translate_sqlite_error(exc, "taking the journal writer lock") from None
 
     def _snapshot_while_waiting(self) -> Chain:
-        """For a writer waiting for the writer lock: the chain this write
-        verified (fully, with ``full_verification``) while no other connection
-        committed since it was read (``data_version``), else a new snapshot; so
-        waiters never starve the writer they wait for of the head lock."""
+        """For a writer waiting for the writer lock: the chain its write verified
+        while no other connection committed since (``data_version``), else a new
+        snapshot; so waiters never take the head lock from the writer they wait for."""
         connection = self.database.connection
         with contextlib.suppress(sqlite3.Error):
             if self._chain is not None and connection is not None and connection.execute(
