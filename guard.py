@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 import uuid
 from typing import Any, Callable, Optional
@@ -60,6 +61,19 @@ logger = plugin_logger(__name__)
 
 # Automatic archives skipped in a row before the skip is logged as a WARNING.
 ARCHIVE_SKIPS_BEFORE_WARNING = 3
+
+def _forked_during(admission: Admission, tool_name: str) -> bool:
+    """Whether this process is a child forked inside the admitted call that
+    came back through the guard (returned or raised instead of exiting): the
+    call is its parent's, so it records nothing and releases nothing
+    (docs/guard.md §Child processes)."""
+    if admission.pid == os.getpid():
+        return False
+    logger.warning("crash-recovery: a process forked inside protected call %s (%s) came back "
+                   "through the guard; the call is its parent's: nothing recorded",
+                   admission.operation_id, tool_name)
+    return True
+
 
 class RecoveryGuard:
     """Admission, one downstream call, classification, uncertainty (docs/guard.md).
@@ -358,13 +372,17 @@ class RecoveryGuard:
         try:
             result = next_call()
         except Exception:
-            self._record(journal, operation_id, tool_name, uncertain=True,
-                         result_hash=NO_RESPONSE_HASH, reason="exception")
+            if not _forked_during(admission, tool_name):
+                self._record(journal, operation_id, tool_name, uncertain=True,
+                             result_hash=NO_RESPONSE_HASH, reason="exception")
             raise
         except BaseException:
-            self._record(journal, operation_id, tool_name, uncertain=True,
-                         result_hash=NO_RESPONSE_HASH, reason="cancelled")
+            if not _forked_during(admission, tool_name):
+                self._record(journal, operation_id, tool_name, uncertain=True,
+                             result_hash=NO_RESPONSE_HASH, reason="cancelled")
             raise
+        if _forked_during(admission, tool_name):
+            return result
         reach_boundary("downstream_returned", "started")
         try:
             result_hash = value_hash(result)

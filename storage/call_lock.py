@@ -98,8 +98,9 @@ class CallLock:
 
     ``acquire()`` creates, locks and tags ``calls/<operation_id>`` (raises
     ``OSError`` when it cannot: the call is then refused); ``release()``
-    removes the file and unlocks (idempotent, never raises).  One object per
-    call; not shared between threads.
+    removes the file and unlocks (idempotent, never raises; in a child forked
+    meanwhile it touches nothing).  One object per call; not shared between
+    threads.
     """
 
     def __init__(self, data_dir: str, operation_id: str):
@@ -107,11 +108,13 @@ class CallLock:
         self.operation_id = operation_id
         self._directory: Optional[int] = None
         self._descriptor: Optional[int] = None
+        self._pid = os.getpid()
 
     def acquire(self) -> None:
         """Hold the call's lock (see the module docstring).  Raises ``OSError``."""
         if fcntl is None:
             return
+        self._pid = os.getpid()
         directory = _open_directory(self.data_dir, create=True)
         forksafe.close_in_child(directory)
         self._directory = directory
@@ -139,6 +142,11 @@ class CallLock:
         unlock also releases a copy a forked child may still hold)."""
         descriptor, self._descriptor = self._descriptor, None
         directory, self._directory = self._directory, None
+        if self._pid != os.getpid():
+            # A child forked during the call: the lock and its file are the
+            # parent's, its descriptors were closed at the fork (their numbers
+            # may name the child's own files by now).
+            return
         try:
             if descriptor is not None:
                 try:

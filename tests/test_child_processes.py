@@ -2,7 +2,8 @@
 processes: a long-lived child started by multiprocessing's fork start method
 or by os.fork keeps neither a call lock nor the journal's connection, so
 later calls from this process and from a fresh worker run; a forked child that
-calls the guard itself is refused and leaves the parent's call intact.
+calls the guard itself is refused and leaves the parent's call intact, and one
+that comes back through the guard records and releases nothing.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import json
 import multiprocessing
 import os
 import signal
+import sys
 import time
 import unittest
 
@@ -114,6 +116,41 @@ class ChildProcesses(ReliabilityCase):
         guard.close()
         report = self.assertVerifies()
         self.assertEqual(report.kinds(), ["started", "returned"] * 2)
+
+    def test_a_child_coming_back_through_the_guard_records_and_releases_nothing(self):
+        """A child forked inside the call that returns from the tool, calls
+        ``sys.exit`` or raises unwinds through the guard: the call is its
+        parent's, so the child writes no outcome and leaves the parent's call
+        lock where it is."""
+        parent = os.getpid()
+        for ending in ("return", "exit", "raise"):
+            with self.subTest(ending=ending):
+                guard = self.make_guard()
+                held_after_child = []
+
+                def tool():
+                    pid = os.fork()
+                    if pid == 0:
+                        if ending == "exit":
+                            sys.exit(0)
+                        if ending == "raise":
+                            raise RuntimeError("the child failed")
+                        return '{"status": "from the child"}'
+                    os.waitpid(pid, 0)
+                    held_after_child.extend(call["operation_id"] for call in held_calls(self.data_dir))
+                    return '{"status": "done"}'
+
+                try:
+                    result = guard.tool_execution(tool_name="pay", args={"ending": ending},
+                                                  next_call=tool, session_id="s", tool_call_id=ending)
+                except BaseException:  # the child's SystemExit or RuntimeError
+                    result = None
+                if os.getpid() != parent:
+                    os._exit(0)  # the child, back from the guard: nothing more of the test
+                self.assertEqual((result, len(held_after_child)), ('{"status": "done"}', 1))
+                guard.close()
+        report = self.assertVerifies()
+        self.assertEqual(report.kinds(), ["started", "returned"] * 3)
 
 
 if __name__ == "__main__":
