@@ -203,21 +203,33 @@ def probe_owner(data_dir: str, operation_id: str) -> dict:
     """The operator's side: is the worker of ``operation_id`` running its call?
 
     Returns ``{"owner": "running"|"gone"|"unknown", "pid": int|None,
-    "process_start": float|None}``.  Creates nothing; never raises."""
+    "process_start": float|None}``; ``running`` too when its file was deleted
+    by hand while its worker holds the lock (:func:`_deleted_but_held`).
+    Creates nothing; never raises."""
     result = {"owner": OWNER_UNKNOWN, "pid": None, "process_start": None}
     if fcntl is None or not is_uuid(operation_id):
         return result
+    data_dir = os.fspath(data_dir)
     try:
-        directory = _open_directory(os.fspath(data_dir), create=False)
+        directory = _open_directory(data_dir, create=False)
     except FileNotFoundError:
-        result["owner"] = OWNER_GONE
-        return result
+        state, tag = OWNER_GONE, None
     except OSError:
         return result
-    try:
-        state, tag = _probe_file(directory, operation_id)
-    finally:
-        os.close(directory)
+    else:
+        try:
+            state, tag = _probe_file(directory, operation_id)
+        finally:
+            os.close(directory)
+    if state == OWNER_GONE:  # its file deleted by hand while its worker holds the lock?
+        try:
+            device = os.stat(data_dir).st_dev
+        except OSError:
+            device = None
+        held = [call for call in (_deleted_but_held(data_dir, device) if device is not None else ())
+                if call["operation_id"] == operation_id]
+        if held:
+            state, tag = OWNER_RUNNING, held[0]
     result["owner"] = state
     if tag is not None:
         result.update(pid=tag.get("pid"), process_start=tag.get("process_start"))

@@ -496,6 +496,25 @@ class OutcomeStillOut(ArchiverCase):
         self.assertEqual(kinds, ["started", "resolved", "late_outcome", "acknowledged"])
         self.assertAllVerify(1)
 
+    def test_a_running_call_whose_lock_file_was_deleted_still_reads_running(self):
+        worker = Paused(self, WAITING_WORKER, self.data_dir, "slow")
+        self.assertEqual(worker.first_line, "running")
+        [operation] = run_cli(self.data_dir, "status")[1]["unresolved"]
+        os.unlink(os.path.join(self.data_dir, "calls", operation["operation_id"]))
+        status = run_cli(self.data_dir, "status")[1]
+        self.assertEqual((status["gate"], [item["owner"] for item in status["unresolved"]]),
+                         ("busy", ["running"]))
+        refused = json.loads(book_in_new_process(self.data_dir, "other")[0])
+        self.assertEqual(refused["code"], "operation_in_flight")
+        code, result, text = run_cli(self.data_dir, "resolve", operation["operation_id"],
+                                     "--outcome", "not_applied", "--evidence", "it looked gone")
+        self.assertEqual((code, result["error"]["code"]), (1, "owner_running"), text)
+        code, output, text = worker.release()
+        self.assertEqual((code, output), (0, json.loads(BOOKED)), text)
+        kinds = [kind for _, kind, op in all_events(self.data_dir)
+                 if op == operation["operation_id"]]
+        self.assertEqual(kinds, ["started", "returned"])
+
 
 class ManyArchives(ArchiverCase):
     """Start-up checks one archive, whatever their number; ``verify --all``
