@@ -76,7 +76,7 @@ from typing import Any, Iterator, Optional
 
 from .storage import archive, archive_reading
 from .storage.ancestry import check_ancestor
-from .storage.call_lock import refuse_calls_out
+from .storage.call_lock import check_calls_directory, refuse_calls_out
 from .storage.chain import (Chain, JournalStatus, Operation, lost_window,
                             operation_from_started, operation_key)
 from .storage.database import DEFAULT_BUSY_TIMEOUT_SECONDS, translate_sqlite_error
@@ -152,9 +152,12 @@ class Journal:
 
     def status(self) -> JournalStatus:
         """Verify and return the summary, open operations and late outcomes
-        needing attention (docs/cli.md §status)."""
+        needing attention (docs/cli.md §status); ``storage_unavailable`` when
+        ``calls/`` is not a directory."""
         with self._store.lock:
-            return self._status_of(self._store.snapshot())
+            status = self._status_of(self._store.snapshot())
+        check_calls_directory(self.data_dir)  # else every call is refused: say so here too
+        return status
 
     def unresolved(self) -> tuple:
         """Verify and return the open (pending/uncertain) operations, oldest first."""
@@ -186,12 +189,11 @@ class Journal:
             return self._status_of(chain)
 
     def history(self, since: int = 0, operation_id: Optional[str] = None) -> tuple:
-        """One full verification, then the verified events, read lazily:
-        ``(JournalStatus, iterator of (seq, payload dict))`` for ``since`` < seq
-        <= the verified head, only those of ``operation_id`` when given.
-        Streams; consume the iterator before closing the journal, and use the
-        journal for nothing else meanwhile.  The rows are read in one read
-        snapshot that holds the verified segment (:meth:`_pinned_history`)."""
+        """One full verification, then ``(JournalStatus, iterator of (seq,
+        payload dict))`` for ``since`` < seq <= the verified head (only
+        ``operation_id``'s when given), read lazily in the read snapshot that
+        holds the verified segment (:meth:`_pinned_history`): consume it before
+        using the journal again."""
         status, rows, _ = self._pinned_history(since, operation_id, with_archives=False)
         return status, rows
 
@@ -263,14 +265,12 @@ class Journal:
         :class:`call_lock.CallLock` the caller releases) and durably append
         ``started``, in that order under the writer lock: a refused call
         touches no file, and no reader ever sees the operation pending
-        without its lock.
-
-        Raises :class:`AdmissionRefused` ``unresolved_operations`` (with
-        ``details["operations"]``), :class:`IntegrityError`,
-        :class:`JournalUnavailable` (``storage_unavailable`` when the call's
-        lock cannot be made; ``commit_failed``: the event may or may not be
-        durable).  On any other error nothing was committed.
-        """
+        without its lock.  Raises :class:`AdmissionRefused`
+        ``unresolved_operations`` (with ``details["operations"]``),
+        :class:`IntegrityError`, :class:`JournalUnavailable`
+        (``storage_unavailable`` when the call's lock cannot be made;
+        ``commit_failed``: the event may or may not be durable).  On any other
+        error nothing was committed."""
         for name, value in (("session_id", session_id), ("tool_call_id", tool_call_id)):
             if not optional_text(value):
                 raise AdmissionRefused("invalid_request", f"{name} must be text or null")
@@ -279,6 +279,7 @@ class Journal:
         with self._store.writing("started", give_up=self._refuse_open) as chain:
             self._refuse_open(chain)
             if call_lock is not None:
+                check_calls_directory(self.data_dir)
                 try:
                     call_lock.acquire()
                 except OSError as exc:
@@ -302,10 +303,9 @@ class Journal:
 
     def record_outcome(self, operation_id: str, *, uncertain: bool, result_hash: str,
                        reason: str) -> None:
-        """Append ``returned`` (``uncertain=False``) or ``uncertain`` for a
-        pending operation.  Raises :class:`AdmissionRefused`
-        ``operation_not_pending`` if it is not pending; its ``details["resolved"]``
-        says whether an operator resolved it meanwhile."""
+        """Append ``returned`` (``uncertain=False``) or ``uncertain`` for a pending
+        operation; else :class:`AdmissionRefused` ``operation_not_pending``,
+        ``details["resolved"]``: whether an operator resolved it meanwhile."""
         kind = "uncertain" if uncertain else "returned"
         with self._store.writing(kind) as chain:
             current = chain.open.get(operation_key(operation_id))  # [payload, seq, state, ...]

@@ -36,8 +36,8 @@ import stat
 from typing import Optional
 
 from . import forksafe, lock_holders
-from .durable import process_alive
-from .errors import AdmissionRefused
+from .durable import foreign_file_type, process_alive
+from .errors import AdmissionRefused, JournalUnavailable
 from .record import is_uuid
 
 try:
@@ -78,6 +78,23 @@ def process_start_time(pid: Optional[int] = None) -> Optional[float]:
         return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError, ValueError, StopIteration):
         return None
+
+
+def check_calls_directory(data_dir: str) -> None:
+    """Raise ``storage_unavailable`` when ``calls/`` exists but is not a real
+    directory (a file, a symbolic link, ...): no call can take its lock then,
+    so every surface says so, not only the refused call.  Never follows it."""
+    path = os.path.join(os.fspath(data_dir), CALLS_DIRECTORY)
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return  # absent (made by the next call), or the directory itself unreadable
+    if not stat.S_ISDIR(mode):
+        kind = foreign_file_type(path) or "regular file"
+        raise JournalUnavailable(
+            "storage_unavailable", f"{CALLS_DIRECTORY}/ in the data directory {data_dir} is a "
+            f"{kind}, not a directory: protected calls cannot take their locks there, so every "
+            f"one is refused; move it away (the next protected call makes a new {CALLS_DIRECTORY}/)")
 
 
 def _open_directory(data_dir: str, create: bool) -> int:

@@ -1,6 +1,7 @@
 """Special files planted in the data directory (docs/format.md §Files, docs/cli.md
 §Verdict codes): a FIFO in place of a journal file or of the call locks'
-directory refuses and never hangs a worker or a command; a symbolic link never
+directory refuses and never hangs a worker or a command (and anything but a
+directory at the call locks' place shows on every surface); a symbolic link never
 redirects a write (the call locks, a temporary file, ``operator.log``) and
 never creates its target.
 """
@@ -75,13 +76,34 @@ class PlantedFiles(ProtectedCallCase):
         self.addCleanup(lambda: os.path.islink(calls) and os.unlink(calls))
         return calls
 
-    def test_fifo_as_call_locks_refuses_and_status_answers(self):
-        self.prepared()
-        self.plant_calls(os.mkfifo)
-        outcome = self.run_fresh_process()
-        self.assertEqual(self.blocked_code(outcome["result"]), "storage_unavailable")
-        code, result, _ = run_cli(self.data_dir, "status", timeout=HANG_TIMEOUT_SECONDS)
-        self.assertEqual((code, result["unresolved"]), (0, []))
+    def test_anything_but_a_directory_as_call_locks_refuses_on_every_surface(self):
+        """A FIFO, a regular file or a symbolic link at ``calls/``: every call is
+        refused, and the hook, the status tool and ``status --check`` say so
+        (and why) instead of calling the profile healthy; nothing hangs."""
+        elsewhere = os.path.join(self.root, "elsewhere")
+        os.mkdir(elsewhere)
+        makers = {"FIFO": os.mkfifo, "regular file": lambda path: open(path, "w").close(),
+                  "symbolic link": lambda path: os.symlink(elsewhere, path)}
+        for kind, make in makers.items():
+            with self.subTest(kind):
+                self.prepared()
+                calls = self.plant_calls(make)
+                outcome = self.run_fresh_process()
+                self.assertEqual(self.blocked_code(outcome["result"]), "storage_unavailable")
+                self.assertEqual(self.blocked_code(outcome["hook"]["message"]), "storage_unavailable")
+                guard = RecoveryGuard(self.data_dir)
+                tool_status = json.loads(guard.status_tool({}))
+                guard.close()
+                self.assertEqual(tool_status["error"]["code"], "storage_unavailable")
+                code, result, _ = run_cli(self.data_dir, "status", "--check",
+                                          timeout=HANG_TIMEOUT_SECONDS)
+                self.assertEqual((code, result["error"]["code"]), (1, "storage_unavailable"))
+                self.assertIn(f"calls/ in the data directory {self.data_dir} is a {kind}, not a "
+                              "directory", result["error"]["message"])
+                self.assertEqual(os.listdir(elsewhere), [])
+                os.unlink(calls)
+                os.mkdir(calls)
+        self.assertVerifies()
 
     def test_symlinked_call_locks_never_write_through_the_link(self):
         self.prepared()
