@@ -111,26 +111,22 @@ def _invisible(character: str) -> bool:
     return character.isspace() or unicodedata.category(character) == "Cf"
 
 
-# Before the JSON, a character nobody sees counts as nothing: every "other"
-# (C*: controls such as NUL, format characters, surrogates, private-use and
-# unassigned code points), every separator (Z*), every combining mark (M*:
-# with nothing before it, it marks nothing; variation selectors too), and the
-# letters and symbols that are blank by design (Hangul fillers, braille blank).
+# Before the JSON these count as nothing: every "other" (C*: controls, format,
+# surrogates, private-use, unassigned), separator (Z*) and combining mark (M*:
+# on nothing it marks nothing), and the blank fillers (Hangul, braille).
 _LEADING_CATEGORIES = ("C", "Z", "M")
 _BLANK_CHARACTERS = frozenset("\u115f\u1160\u3164\uffa0\u2800")
 
 
 def _unseen_before_json(character: str) -> bool:
-    """Whether a person or a JSON decoder would see nothing of ``character``
-    in front of a JSON value (a superset of :func:`_invisible`)."""
+    """Whether nobody would see ``character`` before a JSON value (a superset of :func:`_invisible`)."""
     return (character.isspace() or character in _BLANK_CHARACTERS
             or unicodedata.category(character)[0] in _LEADING_CATEGORIES)
 
 
 def strip_invisible(text: str) -> str:
-    """``text`` without leading characters nobody sees (:func:`_unseen_before_json`)
-    and without trailing whitespace and format characters (:func:`_invisible`;
-    anything else after a JSON object makes it ambiguous, hence an error)."""
+    """``text`` without leading :func:`_unseen_before_json` and trailing
+    :func:`_invisible` characters (anything else after an object is ambiguous)."""
     start, end = 0, len(text)
     while start < end and _unseen_before_json(text[start]):
         start += 1

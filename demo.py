@@ -95,15 +95,10 @@ def run_worker(role: str, directory: str) -> int:
         return json.dumps({"status": "sent", "message_id": service.send_mail(
             "ada@example.invalid", "Your itinerary LHR-LIS")})
 
-    if role in ("crash", "retry"):
-        result = guard.tool_execution(tool_name="book_trip", args=TRIP, next_call=book_trip,
-                                      session_id=f"demo-{role}", tool_call_id=f"call-{role}")
-    else:
-        result = guard.tool_execution(tool_name="email_itinerary",
-                                      args={"to": "ada@example.invalid"},
-                                      next_call=email_itinerary, session_id="demo-after",
-                                      tool_call_id="call-after")
-    print(result)
+    tool_name, args, call = (("book_trip", TRIP, book_trip) if role in ("crash", "retry") else
+                             ("email_itinerary", {"to": "ada@example.invalid"}, email_itinerary))
+    print(guard.tool_execution(tool_name=tool_name, args=args, next_call=call,
+                               session_id=f"demo-{role}", tool_call_id=f"call-{role}"))
     return 0
 
 

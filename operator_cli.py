@@ -414,43 +414,34 @@ def _print_log(result: dict, *, jsonl: bool, text: bool) -> int:
     """Print ``log``'s events as they are read (constant memory); returns the
     exit code.  Ctrl-C and errors close the output (docs/cli.md §log)."""
     events: Iterator[dict] = _failures_named(result["events"])
+    closing = None
     if jsonl:
-        try:
-            for event in events:
-                print(json_text(event, None))
-        except KeyboardInterrupt:
-            print(json_text({"interrupted": True}, None))
-            return EXIT_ERROR
-        except JournalError as exc:  # an archive changed while it was printed
-            print(json_text(_log_failure(exc), None))
-            return EXIT_ERROR
+        lines: Iterator[str] = (json_text(event, None) for event in events)
     elif text:
-        try:
-            for line in log_text_lines(result):
-                print(line)
-        except KeyboardInterrupt:
-            print("interrupted: the export above is incomplete")
-            return EXIT_ERROR
-        except JournalError as exc:
-            print(f"NOT VERIFIED: {exc.code}: {exc.message}")
-            return EXIT_ERROR
+        lines = log_text_lines(result)
     else:
         # The verdict closes the document: it covers every event printed above it.
         head = json_text({key: value for key, value in result.items()
                           if key not in ("events", "ok", "integrity")}, 1)
         print(head[:-2] + ',\n "events": [')
-        first = True
-        try:
-            for event in events:
-                print(("  " if first else ", ") + json_text(event, None))
-                first = False
-        except KeyboardInterrupt:
-            print(' ],\n "interrupted": true,\n "ok": false,\n "verified": false\n}')
-            return EXIT_ERROR
-        except JournalError as exc:
-            print(" ],\n" + json_text(_log_failure(exc), 1)[2:])
-            return EXIT_ERROR
-        print(' ],\n "integrity": "ok",\n "ok": true,\n "verified": true\n}')
+        lines = (("  " if index == 0 else ", ") + json_text(event, None)
+                 for index, event in enumerate(events))
+        closing = ' ],\n "integrity": "ok",\n "ok": true,\n "verified": true\n}'
+    try:
+        for line in lines:
+            print(line)
+    except KeyboardInterrupt:
+        print(json_text({"interrupted": True}, None) if jsonl
+              else "interrupted: the export above is incomplete" if text
+              else ' ],\n "interrupted": true,\n "ok": false,\n "verified": false\n}')
+        return EXIT_ERROR
+    except JournalError as exc:  # an archive changed while it was printed
+        print(json_text(_log_failure(exc), None) if jsonl
+              else f"NOT VERIFIED: {exc.code}: {exc.message}" if text
+              else " ],\n" + json_text(_log_failure(exc), 1)[2:])
+        return EXIT_ERROR
+    if closing:
+        print(closing)
     return EXIT_OK
 
 
