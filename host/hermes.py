@@ -31,7 +31,7 @@ def resolve_data_dir() -> Path:
         from plugins.plugin_storage import plugin_data_dir  # type: ignore[import-not-found]
     except ImportError:
         from hermes_constants import get_hermes_home  # type: ignore[import-not-found]
-        return Path(get_hermes_home()) / "plugin-data" / PLUGIN_NAME
+        return data_dir_of_home(get_hermes_home())
     return Path(plugin_data_dir(PLUGIN_NAME))
 
 
@@ -221,13 +221,13 @@ def summary_text(status: dict, prefix: tuple) -> str:
     is never called calm while one remains), forced calls still running."""
     lines = []
     reasons = check_reasons(status)
+    error = status.get("error") or {}
     worker_problem = status.get("poisoned") or status.get("isolation_problem")
-    if worker_problem and not (status.get("error") or {}).get("code"):
+    if worker_problem and not error.get("code"):
         # This worker refuses, not the journal: its own sentence says what to do.
         lines.append(f"crash-recovery: gate CLOSED in this worker -- {bounded(worker_problem)}")
         lines.append(f"The profile's journal: {command_line(prefix, 'status')}")
     elif not status.get("ok"):
-        error = status.get("error") or {}
         # A chat gets the sentence for the code; the detail names files and paths.
         why = chat_error(error)["message"] if error.get("code") else "unknown"
         lines.append(f"crash-recovery: gate CLOSED -- the journal cannot be used "
@@ -260,8 +260,7 @@ def summary_text(status: dict, prefix: tuple) -> str:
     # What else needs a person, in the words of `status --check` (the branch
     # above said the journal's verdict and the unknown outcomes already).
     for reason in reasons:
-        if reason["code"] not in SAID_ABOVE and reason["code"] != (status.get("error")
-                                                                    or {}).get("code"):
+        if reason["code"] not in SAID_ABOVE and reason["code"] != error.get("code"):
             lines.append(f"! {reason['code']}: {bounded(reason['message'])}")
     for operation in status.get("attention") or []:
         lines.append(f"  acknowledge {operation['operation_id']}: " + command_line(
