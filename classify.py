@@ -119,7 +119,7 @@ _BLANK_CHARACTERS = frozenset("\u115f\u1160\u3164\uffa0\u2800")
 
 
 def _unseen_before_json(character: str) -> bool:
-    """Whether nobody would see ``character`` before a JSON value (a superset of :func:`_invisible`)."""
+    """Whether nobody sees ``character`` before a JSON value (more than :func:`_invisible`)."""
     return (character.isspace() or character in _BLANK_CHARACTERS
             or unicodedata.category(character)[0] in _LEADING_CATEGORIES)
 

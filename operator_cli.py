@@ -168,7 +168,7 @@ def add_arguments(parser: argparse.ArgumentParser, parser_class: type) -> None:
 
 
 def console_script_name() -> Optional[str]:
-    """This process's name when it is the console script (``crash-recovery-operator``), else None."""
+    """This process's name if it is the console script (``crash-recovery-operator``), else None."""
     program = os.path.basename(sys.argv[0] or "")
     return program if program.startswith("crash-recovery") else None
 
@@ -186,7 +186,7 @@ def standalone_words(data_dir: str) -> tuple:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The stand-alone parser (usage errors raise CommandError); the console script keeps its name."""
+    """The stand-alone parser (usage errors raise CommandError), named as it was run."""
     parser = _Parser(prog=console_script_name() or "operator_cli.py",
                      description="Inspect and settle the crash-recovery journal.",
                      epilog=RUNBOOK_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -361,7 +361,7 @@ def progress_on_terminal(command: str, *, fd: int = 2, interval: float = PROGRES
 
 
 def _checkpoint_bytes(data_dir: str) -> Optional[bytes]:
-    """``head.json`` now (None when unreadable), to tell whether an interrupted command changed it."""
+    """``head.json`` now (None: unreadable), to tell whether an interrupted command changed it."""
     try:
         return read_regular_file(os.path.join(data_dir, CHECKPOINT_NAME))
     except OSError:
@@ -460,7 +460,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def run() -> int:
-    """Console entry point: :func:`main`, quiet when stdout closes early (``log --jsonl | head``)."""
+    """Console entry point: :func:`main`, quiet when stdout closes early (``log | head``)."""
     return _quiet_on_closed_stdout(main)
 
 

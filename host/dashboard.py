@@ -282,7 +282,7 @@ def _list_archives(args: argparse.Namespace, data_dir: str, journal_class: Calla
 
 
 def _body_problem(body: Any, fields: set) -> Optional[str]:
-    """What is wrong with a request body, or None (the evidence's content is the command's to judge)."""
+    """What is wrong with a request body, or None (the command judges the evidence's text)."""
     if not isinstance(body, dict):
         return "the request body must be a JSON object"
     unknown = sorted(str(key)[:40] for key in body if key not in fields)
@@ -300,7 +300,7 @@ def usage(message: str) -> tuple:
 
 
 def checkpoint_file_name(checkpoint: dict) -> str:
-    """``crash-recovery-checkpoint-<profile>-<count>.json`` (ASCII letters, digits, ``-``, ``_``)."""
+    """``crash-recovery-checkpoint-<profile>-<count>.json``: ASCII letters, digits, ``-``, ``_``."""
     profile = "".join(character if character.isascii() and (character.isalnum()
                                                             or character in "-_") else "_"
                       for character in str(profile_view()["name"] or "profile"))[:64]

@@ -63,7 +63,7 @@ def settings_reader(ctx: Any) -> Callable[[], Optional[dict]]:
 
 
 def _settings_from_config_file() -> tuple:
-    """``(settings, config)`` subtrees of ``plugins.entries.crash-recovery`` as written (None: absent)."""
+    """The ``(settings, config)`` subtrees of ``plugins.entries.crash-recovery`` (None: absent)."""
     try:
         from hermes_cli.config import read_raw_config  # type: ignore[import-not-found]
     except ImportError:

@@ -31,7 +31,7 @@ def host_program(argv0: Optional[str] = None) -> str:
 
 
 def choose_program(started_as: str, scripts: Sequence[str], bin_dir: str) -> str:
-    """:func:`host_program`'s rule on a base name, the Hermes script names and the scripts' directory."""
+    """:func:`host_program`'s rule on a base name, Hermes' scripts and the interpreter's bin dir."""
     if started_as in scripts:
         return started_as
     preferred = sorted(scripts, key=lambda name: (name != DEFAULT_PROGRAM, name))
