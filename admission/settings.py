@@ -37,7 +37,7 @@ KNOWN_READ_ONLY_TOOLS = frozenset((
     "web_extract", "vision_analyze", "ha_get_state", "ha_list_entities", "ha_list_services",
     "browser_snapshot", "browser_get_images", "browser_console", "read_terminal"))
 # Run while closed in every mode: the inspection tools and the catalog reads.
-_OURS = frozenset(INSPECTION_TOOLS + CATALOG_TOOLS)
+_ALWAYS_WHILE_CLOSED = frozenset(INSPECTION_TOOLS + CATALOG_TOOLS)
 
 
 @dataclass(frozen=True)
@@ -75,9 +75,10 @@ class Settings:
         tools and Tool Search's catalog reads."""
         read_only = (frozenset(DEFAULT_READ_ONLY_TOOLS) if self.mode == MODE_PROTECTED_TOOLS
                      else self.tools)
-        candidates = read_only | self.allowed_while_closed
         # A protected tool never runs while closed (its own gate refuses it).
-        return frozenset(name for name in candidates if not self.is_protected(name)) | _OURS
+        unprotected = {name for name in read_only | self.allowed_while_closed
+                       if not self.is_protected(name)}
+        return frozenset(unprotected) | _ALWAYS_WHILE_CLOSED
 
     def runs_while_closed(self, tool_name: Any) -> bool:
         """Whether ``tool_name`` is text in :meth:`while_closed`."""
@@ -86,7 +87,7 @@ class Settings:
     def reaching_tools(self) -> list:
         """The sorted tools that run while closed and are not known to be
         read-only: through them the agent may reach the journal and settings."""
-        return sorted(self.while_closed() - KNOWN_READ_ONLY_TOOLS - _OURS)
+        return sorted(self.while_closed() - KNOWN_READ_ONLY_TOOLS - _ALWAYS_WHILE_CLOSED)
 
     def to_json(self) -> dict:
         """The settings as ``status`` shows them (docs/cli.md §status)."""
