@@ -1,42 +1,24 @@
 """Is a tool response an error response?  docs/guard.md §Error classification, nothing else.
 
-A dict -- or text that decodes to a JSON object -- is an error response when it
-has a truthy ``error``; ``isError`` true; ``success`` false; ``ok`` false;
-``status`` equal to ``error``, ``failed``, ``cancelled`` or ``unknown``; or an
-``exit_code`` other than 0.  Anything else is a normal response.
+A dict, or text that decodes to a JSON object, is an error response when it
+has a truthy ``error``, ``isError`` true, ``success`` or ``ok`` false,
+``status`` ``error``/``failed``/``cancelled``/``unknown`` or an ``exit_code``
+other than 0.  The edge decisions (the docs' table; where a shape is
+ambiguous, error wins):
 
-The edge shapes below are decided deliberately; when a shape is ambiguous the
-conservative answer (error, so the operation becomes ``uncertain``) wins:
-
-* ``status`` is compared case-insensitively after trimming (``"FAILED"`` is an error).
-* ``exit_code``: success only for a number equal to 0 (``0`` or ``0.0``) or null;
-  ``true``, ``"0"``, ``"1"``, ``1.0`` and every other value are errors.
-* ``success``/``ok``: false, 0, or the text ``"false"``/``"0"``/``"no"`` (any case)
-  are errors.  ``isError``: true, 1 or the text ``"true"`` are errors.
-* ``error``: truthy by Python's rules, so null, ``""``, 0, false, [] and {} are
-  not errors.
-* Text: every leading run of characters nobody sees -- whitespace, byte-order
-  marks, every control, format, private-use, unassigned or separator
-  character, combining marks (on nothing) and blank fillers, in any order and
-  number -- is ignored, and so is every trailing run of whitespace and format
-  characters; bytes are read as a JSON decoder reads them (UTF-8, or UTF-16/32
-  by their shape); text that decodes to
-  a JSON *string* is decoded again (double-encoded JSON), up to
-  ``MAX_DECODE_DEPTH`` times.  ``NaN`` inside the text is tolerated by the decoder.
-* An object in which a watched key (``error``, ``isError``, ``success``, ``ok``,
-  ``status``, ``exit_code``) appears more than once is an error: readers
-  disagree about which value counts (Python keeps the last, others the first).
-* bytes are read as UTF-8 and as the encoding ``json`` detects (UTF-16/32):
-  an error in either reading is an error; undecodable bytes are not JSON (normal).
-* Text that *is* JSON but is not read here -- nesting deeper than
-  ``MAX_NESTING`` arrays and objects (the canonical encoding's limit, the same
-  on every Python whatever its recursion limit), an integer longer than
-  Python's int-conversion limit -- is an error: it may well be ``{"error": ...}``.  So is text that starts with a JSON
-  object and goes on (JSON Lines, a trailing NUL, ``{"error": "x"} (request 7)``):
-  ambiguous.  Other syntax errors mean plain text (normal).
-* An object whose own methods raise while it is inspected is an error.
-* Arrays, numbers, null and non-JSON text are normal responses ("anything
-  else"), as are objects whose error sits only in a nested field.
+* ``status``: any case, trimmed.  ``exit_code``: only a number equal to 0, or
+  null, is success (``true``, ``"0"``, ``1.0`` are errors).  ``success``/``ok``:
+  false, 0, ``"false"``/``"0"``/``"no"`` are errors; ``isError``: true, 1,
+  ``"true"``/``"1"``/``"yes"`` (text in any case).  ``error``: Python truth.
+* Text: leading characters nobody sees (:func:`strip_invisible`) and trailing
+  whitespace and format characters are ignored; a JSON *string* is decoded
+  again, up to ``MAX_DECODE_DEPTH`` times; ``NaN`` is tolerated.  Bytes: read
+  as UTF-8 and as the encoding ``json`` detects, an error in either is an error.
+* Errors: a watched key (``WATCHED_KEYS``) repeated; JSON deeper than
+  ``MAX_NESTING`` or with an over-long integer; a JSON object followed by more
+  text; an object whose methods raise while inspected.
+* Normal: arrays, numbers, null, other text, undecodable bytes, an error only
+  in a nested field.
 """
 from __future__ import annotations
 
@@ -59,10 +41,7 @@ _TRUE_TEXT = frozenset({"true", "1", "yes"})
 
 
 def is_error_response(response: Any) -> bool:
-    """True if ``response`` (any Python value) is an error response (docs/guard.md §Error classification).
-
-    Never raises for any input shape.
-    """
+    """True if ``response`` (any Python value) is an error response; never raises."""
     try:
         if isinstance(response, (bytes, bytearray)):
             return any(_value_is_error(text) for text in _readings(bytes(response)))
@@ -90,9 +69,7 @@ def _value_is_error(response: Any) -> bool:
     decoded = _decode(response)
     if decoded is _UNDECODABLE or isinstance(decoded, _RepeatedKeys):
         return True
-    if not isinstance(decoded, dict):
-        return False
-    return _dict_is_error(decoded)
+    return isinstance(decoded, dict) and _dict_is_error(decoded)
 
 
 def _decode(response: Any) -> Any:
@@ -134,26 +111,22 @@ def _invisible(character: str) -> bool:
     return character.isspace() or unicodedata.category(character) == "Cf"
 
 
-# Before the JSON, a character nobody sees counts as nothing: every "other"
-# (C*: controls such as NUL, format characters, surrogates, private-use and
-# unassigned code points), every separator (Z*), every combining mark (M*:
-# with nothing before it, it marks nothing; variation selectors too), and the
-# letters and symbols that are blank by design (Hangul fillers, braille blank).
+# Before the JSON these count as nothing: every "other" (C*: controls, format,
+# surrogates, private-use, unassigned), separator (Z*) and combining mark (M*:
+# on nothing it marks nothing), and the blank fillers (Hangul, braille).
 _LEADING_CATEGORIES = ("C", "Z", "M")
 _BLANK_CHARACTERS = frozenset("\u115f\u1160\u3164\uffa0\u2800")
 
 
 def _unseen_before_json(character: str) -> bool:
-    """Whether a person or a JSON decoder would see nothing of ``character``
-    in front of a JSON value (a superset of :func:`_invisible`)."""
+    """Whether nobody sees ``character`` before a JSON value (more than :func:`_invisible`)."""
     return (character.isspace() or character in _BLANK_CHARACTERS
             or unicodedata.category(character)[0] in _LEADING_CATEGORIES)
 
 
 def strip_invisible(text: str) -> str:
-    """``text`` without leading characters nobody sees (:func:`_unseen_before_json`)
-    and without trailing whitespace and format characters (:func:`_invisible`;
-    anything else after a JSON object makes it ambiguous, hence an error)."""
+    """``text`` without leading :func:`_unseen_before_json` and trailing
+    :func:`_invisible` characters (anything else after an object is ambiguous)."""
     start, end = 0, len(text)
     while start < end and _unseen_before_json(text[start]):
         start += 1
@@ -188,19 +161,12 @@ def _starts_with_object(text: str) -> bool:
 
 
 def _dict_is_error(response: dict) -> bool:
-    if response.get("error"):
-        return True
-    if "isError" in response and _is_true(response["isError"]):
-        return True
-    for key in ("success", "ok"):
-        if key in response and _is_false(response[key]):
-            return True
     status = response.get("status")
-    if isinstance(status, str) and status.strip().lower() in ERROR_STATUSES:
-        return True
-    if "exit_code" in response and not _is_zero_exit(response["exit_code"]):
-        return True
-    return False
+    return bool(response.get("error")
+                or ("isError" in response and _is_true(response["isError"]))
+                or any(key in response and _is_false(response[key]) for key in ("success", "ok"))
+                or (isinstance(status, str) and status.strip().lower() in ERROR_STATUSES)
+                or ("exit_code" in response and not _is_zero_exit(response["exit_code"])))
 
 
 def _is_true(value: Any) -> bool:
@@ -212,11 +178,12 @@ def _is_true(value: Any) -> bool:
 def _is_false(value: Any) -> bool:
     if isinstance(value, str):
         return value.strip().lower() in _FALSE_TEXT
-    return value is False or (isinstance(value, (int, float)) and not isinstance(value, bool)
-                              and value == 0)
+    return value is False or _is_number_zero(value)
 
 
 def _is_zero_exit(value: Any) -> bool:
-    if value is None:
-        return True
+    return value is None or _is_number_zero(value)
+
+
+def _is_number_zero(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0

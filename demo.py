@@ -3,20 +3,12 @@
 
     python demo.py [--directory NEW_DIR]
 
-1. A worker process books a trip through the guard.  The fictional booking
-   service commits the booking; then, before the tool response can be recorded,
-   the demo SIGKILLs the worker.
-2. A restarted worker tries the same booking: the guard refuses it, the service
-   still holds exactly one booking.
-3. The operator checks the service, and resolves the operation with
-   ``operator_cli.py resolve ... --outcome completed --evidence ...``.
-4. A new worker may run protected calls again (it sends the itinerary e-mail).
-
-Progress goes to stderr; a JSON verdict goes to stdout; the exit code is 1 if
-any check fails.  With ``--directory`` the files are kept there (the directory
-must not exist yet or be empty); without it a temporary directory is used and
-removed.  Nothing outside that directory is touched (HERMES_HOME is pointed
-into it for the child processes).
+A worker books a trip through the guard and is SIGKILLed after the service
+commits it; a restarted worker's same booking is refused; the operator
+resolves the operation (``operator_cli.py resolve``); a new worker runs
+protected calls again.  Progress on stderr, a JSON verdict on stdout, exit 1
+if any check fails.  ``--directory`` (new or empty) keeps the files, else a
+temporary directory is removed; nothing outside it is touched.
 """
 from __future__ import annotations
 
@@ -37,6 +29,11 @@ OPERATOR_CLI = os.path.join(HERE, "operator_cli.py")
 TRIP = {"traveller": "Ada Lovelace", "from": "LHR", "to": "LIS", "date": "2026-12-24"}
 # How long the demo waits for a worker to reach a point, in seconds.
 WORKER_TIMEOUT_SECONDS = 20.0
+# What run_demo's checks must be for the demo to pass.
+EXPECTED_CHECKS = {"worker_killed_by_sigkill": True, "pending_after_crash": 1,
+                   "repeat_blocked": True, "bookings": 1, "resolution_accepted": True,
+                   "gate_open_after_resolution": True, "integrity_ok": True,
+                   "unresolved_after_resolution": 0, "journal_events": 4}
 
 
 # ------------------------------------------------------------ the service --
@@ -76,8 +73,7 @@ class BookingService:
 # ------------------------------------------------------------- the worker --
 
 def run_worker(role: str, directory: str) -> int:
-    """One agent process: call a protected tool through the guard, print the
-    tool result as JSON on stdout."""
+    """One agent process: a protected call through the guard; prints its result."""
     checkout = runpy.run_path(os.path.join(HERE, "host", "standalone.py"))
     RecoveryGuard = checkout["load_module"]("guard").RecoveryGuard
 
@@ -99,15 +95,10 @@ def run_worker(role: str, directory: str) -> int:
         return json.dumps({"status": "sent", "message_id": service.send_mail(
             "ada@example.invalid", "Your itinerary LHR-LIS")})
 
-    if role in ("crash", "retry"):
-        result = guard.tool_execution(tool_name="book_trip", args=TRIP, next_call=book_trip,
-                                      session_id=f"demo-{role}", tool_call_id=f"call-{role}")
-    else:
-        result = guard.tool_execution(tool_name="email_itinerary",
-                                      args={"to": "ada@example.invalid"},
-                                      next_call=email_itinerary, session_id="demo-after",
-                                      tool_call_id="call-after")
-    print(result)
+    tool_name, args, call = (("book_trip", TRIP, book_trip) if role in ("crash", "retry") else
+                             ("email_itinerary", {"to": "ada@example.invalid"}, email_itinerary))
+    print(guard.tool_execution(tool_name=tool_name, args=args, next_call=call,
+                               session_id=f"demo-{role}", tool_call_id=f"call-{role}"))
     return 0
 
 
@@ -190,12 +181,8 @@ def run_demo(directory: str) -> dict:
     checks["bookings"] = service.count("bookings")
     checks["journal_events"] = verified.get("count")
 
-    ok = (checks["worker_killed_by_sigkill"] and checks["pending_after_crash"] == 1
-          and checks["repeat_blocked"] and checks["bookings"] == 1
-          and checks["resolution_accepted"] and checks["gate_open_after_resolution"]
-          and checks["integrity_ok"] and checks["unresolved_after_resolution"] == 0
-          and checks["journal_events"] == 4)
-    return {"ok": bool(ok), **checks, "operation_id": operation_id, "data_dir": data_dir,
+    ok = all(checks[name] == value for name, value in EXPECTED_CHECKS.items())
+    return {"ok": ok, **checks, "operation_id": operation_id, "data_dir": data_dir,
             "seconds": round(time.monotonic() - started, 2)}
 
 
@@ -207,17 +194,16 @@ def main(argv: list | None = None) -> int:
     args = parser.parse_args(argv)
     if args.worker:
         return run_worker(args.worker, args.directory)
-    if args.directory:
+    keep = bool(args.directory)
+    if keep:
         directory = os.path.abspath(args.directory)
         if os.path.exists(directory) and (not os.path.isdir(directory) or os.listdir(directory)):
             print(json.dumps({"ok": False, "error": f"{directory} exists and is not an empty "
                                                     "directory"}))
             return 1
         os.makedirs(directory, exist_ok=True)
-        keep = True
     else:
         directory = tempfile.mkdtemp(prefix="crash-recovery-demo-")
-        keep = False
     try:
         verdict = run_demo(directory)
     except Exception as exc:  # the verdict must still be one JSON document

@@ -1,21 +1,11 @@
 #!/usr/bin/env python3
 """Operator CLI for the crash-recovery journal (docs/cli.md).
 
-    python operator_cli.py [--data-dir DIR] [--format json|text] COMMAND ...
+    python operator_cli.py [--data-dir DIR] [--format json|text|prometheus] COMMAND ...
     hermes [-p PROFILE] crash-recovery COMMAND ...     (the same, inside Hermes)
 
-Commands: ``status [--check]``, ``show OP``, ``log [--since SEQ] [--jsonl]``,
-``verify [--checkpoint FILE]``, ``checkpoint``,
-``resolve OP --outcome completed|not_applied --evidence TEXT [--force]``,
-``acknowledge OP --evidence TEXT``, ``repair-checkpoint --evidence TEXT``,
-``archive``.
-
-Output is one JSON document on stdout (``--format text``: tables for
-status/show/log; ``--format prometheus``: gauges for status; ``log --jsonl``:
-one event per line).  Exit 0 on success with valid integrity, 1 on any error
-(usage errors too: they print a JSON error), 3 for ``status --check`` when an
-operation is unresolved or a late outcome awaits acknowledgement.  A failed
-command changes nothing on disk.
+One document on stdout; exit 0, 1 on any error, 3 for ``status --check`` when
+a person must act (docs/cli.md §Output).  A failed command changes nothing.
 """
 if __name__ == "__main__" and not __package__:  # `python operator_cli.py` in a checkout
     import os
@@ -62,7 +52,6 @@ class _Parser(argparse.ArgumentParser):
     """argparse that reports usage errors as :class:`CommandError` (JSON, exit 1)."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        """Raise instead of printing usage and exiting 2."""
         raise CommandError("usage", f"{message} (see --help)")
 
 
@@ -74,8 +63,6 @@ class _ExitingParser(argparse.ArgumentParser):
     _printed: set = set()
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        """Print a JSON usage error (once per process) and exit 1 (argparse
-        would exit 2)."""
         if message not in _ExitingParser._printed:
             _ExitingParser._printed.add(message)
             print(json_text({"ok": False, "error": {"code": "usage",
@@ -123,9 +110,8 @@ def evidence_options(parser: argparse.ArgumentParser, meaning: str) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser, parser_class: type) -> None:
-    """Add the options and every command to ``parser`` (the CLI's own, or the
-    one Hermes gives ``hermes crash-recovery``); ``parser_class`` builds the
-    command parsers (it decides what a usage error does)."""
+    """Add the options and commands to ``parser`` (the CLI's, or Hermes'
+    ``hermes crash-recovery``); ``parser_class`` decides what a usage error does."""
     parser.add_argument("--data-dir", default=None,
                         help="the profile's plugin data directory (default: the active "
                              "profile's, $HERMES_HOME/plugin-data/crash-recovery)")
@@ -139,25 +125,26 @@ def add_arguments(parser: argparse.ArgumentParser, parser_class: type) -> None:
     options.add_argument("--format", choices=FORMATS, default=argparse.SUPPRESS,
                          help="as before the command")
     options.add_argument("--data-dir", default=argparse.SUPPRESS, help="as before the command")
-    status = commands.add_parser("status", help="integrity, the gate, unresolved operations",
-                                 parents=[options])
-    status.add_argument("--check", action="store_true",
-                        help="exit 3 when an operation is unresolved or a late outcome awaits "
-                             "acknowledgement (0 when clear, 1 on error): for cron and monitors")
-    show = commands.add_parser("show", help="one operation's verified history", parents=[options])
-    show.add_argument("operation_id", help="an operation id from `status` or `log`")
-    log = commands.add_parser("log", help="verified export of events", parents=[options])
+
+    def command(name: str, summary: str) -> Any:
+        return commands.add_parser(name, help=summary, parents=[options])
+
+    command("status", "integrity, the gate, unresolved operations").add_argument(
+        "--check", action="store_true",
+        help="exit 3 when an operation is unresolved or a late outcome awaits "
+             "acknowledgement (0 when clear, 1 on error): for cron and monitors")
+    command("show", "one operation's verified history").add_argument(
+        "operation_id", help="an operation id from `status` or `log`")
+    log = command("log", "verified export of events")
     log.add_argument("--since", type=int, default=0, help="only events with seq > SINCE")
     log.add_argument("--jsonl", action="store_true", help="one JSON event per line")
     log.add_argument("--all", action="store_true",
                      help="archived segments too, oldest first (each event names its journal_id)")
-    verify = commands.add_parser("verify", help="full verification", parents=[options])
+    verify = command("verify", "full verification")
     verify.add_argument("--checkpoint", help="an exported checkpoint that must be an ancestor")
     verify.add_argument("--all", action="store_true", help="every archive too, end to end")
-    commands.add_parser("checkpoint", help="print the current checkpoint (keep it elsewhere)",
-                        parents=[options])
-    resolve = commands.add_parser("resolve", help="settle a pending or uncertain operation",
-                                  parents=[options])
+    command("checkpoint", "print the current checkpoint (keep it elsewhere)")
+    resolve = command("resolve", "settle a pending or uncertain operation")
     resolve.add_argument("operation_id", help="an operation id from `status`")
     resolve.add_argument("--outcome", required=True, choices=("completed", "not_applied"),
                          help="completed: the side effect happened; not_applied: it did not "
@@ -166,35 +153,30 @@ def add_arguments(parser: argparse.ArgumentParser, parser_class: type) -> None:
     resolve.add_argument("--force", action="store_true",
                          help="resolve although the operation's worker still runs; the "
                               "evidence must say why")
-    acknowledge = commands.add_parser("acknowledge", help="acknowledge a late outcome",
-                                      parents=[options])
+    acknowledge = command("acknowledge", "acknowledge a late outcome")
     acknowledge.add_argument("operation_id", help="an operation id from `status` (attention)")
     evidence_options(acknowledge, "what you did about the late outcome")
-    repair = commands.add_parser("repair-checkpoint",
-                                 help="clear checkpoint_ahead after a crash between replace and "
-                                      "commit", parents=[options])
-    evidence_options(repair, "why this repair is justified")
-    restart = commands.add_parser(
-        "restart-journal", parents=[options],
-        help="after any other integrity verdict: keep the broken journal as evidence, start a "
-             "new one that keeps every operation that may have run open")
-    evidence_options(restart, "what happened to the journal and what you checked")
-    commands.add_parser("archive", help="seal the history into a read-only archive file and "
-                                        "start a new, short segment", parents=[options])
+    evidence_options(command("repair-checkpoint", "clear checkpoint_ahead after a crash between "
+                                                  "replace and commit"),
+                     "why this repair is justified")
+    evidence_options(command("restart-journal", "after any other integrity verdict: keep the "
+                             "broken journal as evidence, start a new one that keeps every "
+                             "operation that may have run open"),
+                     "what happened to the journal and what you checked")
+    command("archive", "seal the history into a read-only archive file and start a new, short "
+                       "segment")
 
 
 def console_script_name() -> Optional[str]:
-    """The name this process was started as when it is the console script
-    (``crash-recovery-operator``, after ``pip install .``), else None."""
+    """This process's name if it is the console script (``crash-recovery-operator``), else None."""
     program = os.path.basename(sys.argv[0] or "")
     return program if program.startswith("crash-recovery") else None
 
 
 def standalone_words(data_dir: str) -> tuple:
-    """How a person runs the stand-alone CLI on ``data_dir`` again, for the
-    commands it prints (``next``, the text hints): the console script by its
-    own name where that name finds it on PATH (by its path otherwise), else
-    this interpreter and ``operator_cli.py``'s path."""
+    """How the printed commands (``next``, text hints) run this CLI on
+    ``data_dir`` again: the console script by name where PATH finds it (else
+    by path), or this interpreter and ``operator_cli.py``'s path."""
     program = console_script_name()
     if program is None:
         return standalone_prefix(data_dir)
@@ -204,8 +186,7 @@ def standalone_words(data_dir: str) -> tuple:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The stand-alone parser for every command (usage errors raise CommandError)."""
-    # The console script (`crash-recovery-operator`) is named as it was run.
+    """The stand-alone parser (usage errors raise CommandError), named as it was run."""
     parser = _Parser(prog=console_script_name() or "operator_cli.py",
                      description="Inspect and settle the crash-recovery journal.",
                      epilog=RUNBOOK_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -217,14 +198,10 @@ def execute(args: argparse.Namespace, data_dir_default: Callable[[], str],
             prefix: Optional[Callable[[str], Sequence[str]]] = None,
             settings: Optional[Callable[[], Any]] = None,
             registered_tools: Optional[Callable[[], Any]] = None) -> int:
-    """Run the parsed command; print its result; return the exit code.
-    ``prefix(data_dir)``: how the commands are run here, for the hints in text
-    output (default: the stand-alone form).  ``settings()``: the raw plugin
-    settings where they are known (inside Hermes); ``status`` then shows them
-    parsed, with any problem (docs/cli.md §status), and ``registered_tools()``
-    the host's tool names, to report listed names that match none.  Every
-    outcome, Ctrl-C included, prints one document; the result names the next
-    command (``next``)."""
+    """Run the parsed command, print its one document (Ctrl-C included), return
+    the exit code.  ``prefix(data_dir)``: how commands are run here (default:
+    stand-alone); ``settings()``, ``registered_tools()``: the raw settings and
+    the host's tool names inside Hermes, shown by ``status`` (docs/cli.md §status)."""
     output_format, command = getattr(args, "format", "json"), getattr(args, "command", None)
     if not stdout_takes_unicode():  # text output: escapes, never a UnicodeEncodeError
         with contextlib.suppress(AttributeError, ValueError):
@@ -241,7 +218,6 @@ def execute(args: argparse.Namespace, data_dir_default: Callable[[], str],
 
 
 def _internal_error(exc: BaseException) -> dict:
-    """The document of a failure nothing else names (never a traceback)."""
     return {"ok": False, "error": {
         "code": "internal_error", "message": f"an unexpected {type(exc).__name__} in the "
         f"operator CLI ({str(exc)[:300]}); run status to see the journal's state"}}
@@ -249,9 +225,8 @@ def _internal_error(exc: BaseException) -> dict:
 
 def _run(args: argparse.Namespace, command: Optional[str], output_format: str,
          data_dir_default: Callable[[], str], *, in_profile: bool) -> tuple:
-    """The command's ``(result, exit code, data directory or None)``; a usage
-    error or Ctrl-C is a result too.  ``in_profile``: run by ``hermes
-    crash-recovery`` (the profile's own directory may simply have no journal yet)."""
+    """``(result, exit code, data directory or None)``; a usage error or Ctrl-C
+    is a result too.  ``in_profile``: run by ``hermes crash-recovery``."""
     data_dir = None
     try:
         if command is None:
@@ -287,17 +262,16 @@ def _complete(args: argparse.Namespace, command: Optional[str], result: dict, ex
               data_dir: Optional[str], prefix: Optional[Callable[[str], Sequence[str]]],
               settings: Optional[Callable[[], Any]],
               registered_tools: Optional[Callable[[], Any]]) -> int:
-    """Add what is known here to ``result`` (settings, platform, ``next``,
-    ``workers_running``, ``check``); returns the exit code (3 for ``status
-    --check`` when a person must act)."""
+    """Add settings, platform, ``next``, ``workers_running`` and ``check`` to
+    ``result``; returns the exit code (3: ``status --check``, a person must act)."""
     if command == "status":
         shown = (operator_settings_view(settings, data_dir, registered_tools)
                  if data_dir is not None else
                  settings_view(settings, registered_tools) if settings is not None else None)
         if shown is not None:
             result["settings"] = shown
-    if command == "status" and data_dir is not None:
-        note_platform_problem(result, data_dir)  # the guard refuses protected calls then
+        if data_dir is not None:
+            note_platform_problem(result, data_dir)  # the guard refuses protected calls then
     if data_dir is not None:  # the next command, as it is run here (docs/cli.md §Output)
         here = tuple(prefix(data_dir)) if prefix else standalone_prefix(data_dir)
         if exit_code == EXIT_ERROR:
@@ -321,7 +295,6 @@ def _complete(args: argparse.Namespace, command: Optional[str], result: dict, ex
 def _print_document(args: argparse.Namespace, command: Optional[str], output_format: str,
                     result: dict, exit_code: int, data_dir: Optional[str],
                     prefix: Optional[Callable[[str], Sequence[str]]]) -> int:
-    """Print the one document (``log``: streamed); returns the exit code."""
     if command == "log" and exit_code == EXIT_OK:
         exit_code = _print_log(result, jsonl=args.jsonl, text=output_format == "text")
     elif output_format == "prometheus":
@@ -340,10 +313,9 @@ def _print_document(args: argparse.Namespace, command: Optional[str], output_for
 
 def _profile_status_command(code: str, data_dir: str,
                             prefix: Optional[Callable[[str], Sequence[str]]]) -> Optional[str]:
-    """``next`` for a data directory that cannot be a profile's (no journal
-    there, or not a directory): ``status`` on the data directory of the
-    nearest Hermes home above it, else of ``$HERMES_HOME`` / ``~/.hermes``,
-    else a placeholder for it; None for other codes."""
+    """``next`` for a data directory that cannot be a profile's: ``status`` on
+    the nearest Hermes home's (else ``$HERMES_HOME``'s, else a placeholder);
+    None for other codes."""
     if not (code == "journal_absent"
             or (code == "storage_unavailable" and not os.path.isdir(data_dir))):
         return None
@@ -357,12 +329,10 @@ def _profile_status_command(code: str, data_dir: str,
 @contextlib.contextmanager
 def progress_on_terminal(command: str, *, fd: int = 2, interval: float = PROGRESS_SECONDS,
                          terminal: Optional[bool] = None) -> Iterator[None]:
-    """While a read-only command that verifies the whole history runs (a
-    million events take seconds), rewrite one line on stderr every
+    """While a full-history command runs, rewrite one stderr line every
     ``interval`` seconds with the time spent, when stderr is a terminal
-    (``terminal`` overrides the check).  stdout, the document, is never
-    touched.  A timer signal, not a thread; system calls it interrupts are
-    restarted.  Nothing happens off the main thread or without ``setitimer``."""
+    (``terminal`` overrides).  A timer signal (interrupted system calls are
+    restarted); nothing off the main thread or without ``setitimer``."""
     if terminal is None:
         terminal = os.isatty(fd)
     if (command not in PROGRESS_COMMANDS or not terminal or not hasattr(signal, "setitimer")
@@ -391,8 +361,7 @@ def progress_on_terminal(command: str, *, fd: int = 2, interval: float = PROGRES
 
 
 def _checkpoint_bytes(data_dir: str) -> Optional[bytes]:
-    """``head.json`` as it is now (None when unreadable): what an interrupted
-    command compares with to say whether it changed anything."""
+    """``head.json`` now (None: unreadable), to tell whether an interrupted command changed it."""
     try:
         return read_regular_file(os.path.join(data_dir, CHECKPOINT_NAME))
     except OSError:
@@ -400,8 +369,7 @@ def _checkpoint_bytes(data_dir: str) -> Optional[bytes]:
 
 
 def _interrupted(command: str, data_dir: str, before: Optional[bytes]) -> dict:
-    """The error document of a command stopped by Ctrl-C (docs/cli.md §Output,
-    ``interrupted``): whether the journal changed, and what to run next."""
+    """The ``interrupted`` error document of a Ctrl-C (docs/cli.md §Output)."""
     changed = _checkpoint_bytes(data_dir) != before
     pending = os.path.lexists(os.path.join(data_dir, INTENT_NAME))
     restarting = command == "restart-journal" and pending_restart(data_dir) is not None
@@ -424,10 +392,8 @@ def _interrupted(command: str, data_dir: str, before: Optional[bytes]) -> dict:
 
 
 def _failures_named(events: Iterator[dict]) -> Iterator[dict]:
-    """``events``, with any failure while reading them (an ``OSError``, an
-    SQLite error, anything) raised as a :class:`JournalError`, which ends the
-    printed document with the error (so a failure of stdout itself is never
-    mistaken for one of the journal)."""
+    """``events``, any failure while reading them raised as a :class:`JournalError`
+    (so a failure of stdout itself is never taken for one of the journal)."""
     iterator = iter(events)
     while True:
         try:
@@ -446,51 +412,41 @@ def _failures_named(events: Iterator[dict]) -> Iterator[dict]:
 
 def _print_log(result: dict, *, jsonl: bool, text: bool) -> int:
     """Print ``log``'s events as they are read (constant memory); returns the
-    exit code.  Ctrl-C ends the output as a whole: the JSON document closes
-    with ``"interrupted": true``, ``--jsonl`` and text end with a last line
-    saying so (docs/cli.md §log)."""
+    exit code.  Ctrl-C and errors close the output (docs/cli.md §log)."""
     events: Iterator[dict] = _failures_named(result["events"])
+    closing = None
     if jsonl:
-        try:
-            for event in events:
-                print(json_text(event, None))
-        except KeyboardInterrupt:
-            print(json_text({"interrupted": True}, None))
-            return EXIT_ERROR
-        except JournalError as exc:  # an archive changed while it was printed
-            print(json_text({"ok": False, "verified": False, "integrity": exc.code,
-                             "error": exc.to_json()}, None))
-            return EXIT_ERROR
+        lines: Iterator[str] = (json_text(event, None) for event in events)
     elif text:
-        try:
-            for line in log_text_lines(result):
-                print(line)
-        except KeyboardInterrupt:
-            print("interrupted: the export above is incomplete")
-            return EXIT_ERROR
-        except JournalError as exc:
-            print(f"NOT VERIFIED: {exc.code}: {exc.message}")
-            return EXIT_ERROR
+        lines = log_text_lines(result)
     else:
         # The verdict closes the document: it covers every event printed above it.
         head = json_text({key: value for key, value in result.items()
                           if key not in ("events", "ok", "integrity")}, 1)
         print(head[:-2] + ',\n "events": [')
-        first = True
-        try:
-            for event in events:
-                print(("  " if first else ", ") + json_text(event, None))
-                first = False
-        except KeyboardInterrupt:
-            print(' ],\n "interrupted": true,\n "ok": false,\n "verified": false\n}')
-            return EXIT_ERROR
-        except JournalError as exc:
-            closing = json_text({"ok": False, "verified": False, "integrity": exc.code,
-                                 "error": exc.to_json()}, 1)
-            print(" ],\n" + closing[2:])
-            return EXIT_ERROR
-        print(' ],\n "integrity": "ok",\n "ok": true,\n "verified": true\n}')
+        lines = (("  " if index == 0 else ", ") + json_text(event, None)
+                 for index, event in enumerate(events))
+        closing = ' ],\n "integrity": "ok",\n "ok": true,\n "verified": true\n}'
+    try:
+        for line in lines:
+            print(line)
+    except KeyboardInterrupt:
+        print(json_text({"interrupted": True}, None) if jsonl
+              else "interrupted: the export above is incomplete" if text
+              else ' ],\n "interrupted": true,\n "ok": false,\n "verified": false\n}')
+        return EXIT_ERROR
+    except JournalError as exc:  # an archive changed while it was printed
+        print(json_text(_log_failure(exc), None) if jsonl
+              else f"NOT VERIFIED: {exc.code}: {exc.message}" if text
+              else " ],\n" + json_text(_log_failure(exc), 1)[2:])
+        return EXIT_ERROR
+    if closing:
+        print(closing)
     return EXIT_OK
+
+
+def _log_failure(exc: JournalError) -> dict:
+    return {"ok": False, "verified": False, "integrity": exc.code, "error": exc.to_json()}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -504,8 +460,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def run() -> int:
-    """Console entry point: :func:`main`, quiet when stdout is closed early
-    (``log --jsonl | head``)."""
+    """Console entry point: :func:`main`, quiet when stdout closes early (``log | head``)."""
     return _quiet_on_closed_stdout(main)
 
 
@@ -515,25 +470,23 @@ def _quiet_on_closed_stdout(function: Callable[[], int]) -> int:
         sys.stdout.flush()
         return exit_code
     except BrokenPipeError:
-        # Python flushes stdout again at exit; point it at /dev/null first.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_ERROR
+        pass
     except OSError as exc:  # stdout itself failed (a full disk): nothing to print to
         print(f"operator_cli.py: the result could not be written to standard output "
               f"({exc.strerror or exc}); the command itself ran: run status to see the journal",
               file=sys.stderr)
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_ERROR
+    # Python flushes stdout again at exit; point it at /dev/null first.
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return EXIT_ERROR
 
 
 # ------------------------------------------------------------ inside Hermes --
 
 def setup_hermes_command(parser: argparse.ArgumentParser) -> None:
-    """``setup_fn`` of ``ctx.register_cli_command``: the same options and commands
-    on the parser Hermes made for ``hermes crash-recovery``.  Its usage errors,
-    unknown words included (argparse leaves those to Hermes' top parser, which
-    would print Hermes' usage and exit 2), print the JSON usage error and exit
-    1 like every other error (docs/cli.md §Output)."""
+    """``setup_fn`` of ``ctx.register_cli_command``: the options and commands on
+    Hermes' ``hermes crash-recovery`` parser.  Usage errors, unknown words
+    included (Hermes' top parser would exit 2), print the JSON usage error and
+    exit 1 (docs/cli.md §Output)."""
     parser.epilog = RUNBOOK_EPILOG
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     add_arguments(parser, _ExitingParser)
@@ -560,12 +513,9 @@ def hermes_command_handler(data_dir: Callable[[], str], prefix: Callable[[], Seq
                            settings: Optional[Callable[[], Any]] = None,
                            registered_tools: Optional[Callable[[], Any]] = None,
                            ) -> Callable[[argparse.Namespace], None]:
-    """``handler_fn`` of ``ctx.register_cli_command``: run the command on the
-    active profile's data directory (``data_dir()``, resolved by Hermes from
-    ``HERMES_HOME`` / ``-p``; ``prefix()`` how the profile's commands are run;
-    ``settings()`` the profile's raw plugin settings, shown by ``status``;
-    ``registered_tools()`` the host's tool names, to find listed names that
-    match none) and exit with its code (Hermes ignores return values)."""
+    """``handler_fn`` of ``ctx.register_cli_command``: :func:`execute` on the
+    active profile's ``data_dir()``, then exit with its code (Hermes ignores
+    return values)."""
     def handle(args: argparse.Namespace) -> None:
         sys.exit(_quiet_on_closed_stdout(lambda: execute(
             args, lambda: str(data_dir()), lambda _: prefix(), settings, registered_tools)))

@@ -1,13 +1,11 @@
 """The admission binding (docs/guard.md §Inside Hermes): which protected call
 the current context is inside.
 
-After admitting an operation the guard binds it in a ``ContextVar``.  Hermes
-runs each call in a copied context and may enter the middleware twice, nested,
-for one call; the binding tells such a re-entry (the same call by the host's
-identity) from a nested protected call (another call while this one runs), and
-lets the ``pre_tool_call`` hook leave exactly this call out of its check.  A
-thread that copies the context during the call (Hermes' ``execute_code``
-bridge) sees the binding; a sibling in a fresh context does not.
+An admitted operation is bound in a ``ContextVar``: Hermes runs each call in
+a copied context and may enter the middleware twice, nested, for one call, so
+the binding tells re-entry from a nested protected call and lets the
+``pre_tool_call`` hook leave this call out.  A thread copying the context
+during the call (``execute_code``'s bridge) sees it; a fresh sibling does not.
 """
 from __future__ import annotations
 
@@ -22,19 +20,13 @@ from ..reports.messages import iso_utc
 
 @dataclass
 class Admission:
-    """The binding of docs/guard.md §Inside Hermes: the admitted operation and
-    the call's identity ``(tool_name, session_id, tool_call_id, args_hash)``.
-
-    ``active`` turns False when the call ends.  A context copied during the call
-    (a thread or task the tool started) keeps this same object, so a stale copy
-    can never pass as re-entry after the call is over.  ``inner_refusal``: the
-    blocked text this guard returned to a nested entry of this call.
-    ``host_refusal``: ``(error_type, result)`` when the host reported, through
-    its ``post_tool_call`` hook with ``status="blocked"``, that it refused this
-    call before its handler (docs/guard.md §Inside Hermes).
-    ``pid``: the process that admitted it; a child forked during the call
-    inherits the binding but is not inside the call (:func:`inherited_admission`).
-    """
+    """The admitted operation and the call's identity ``(tool_name,
+    session_id, tool_call_id, args_hash)``.  ``active`` turns False when the
+    call ends (copied contexts share this object, so a stale copy never passes
+    as re-entry); ``inner_refusal``: the text returned to a nested entry;
+    ``host_refusal``: ``(error_type, result)`` of a host-blocked call
+    (:mod:`host_refusal`); ``pid``: the admitting process (a forked child is
+    not inside the call: :func:`inherited_admission`)."""
     operation_id: str
     identity: tuple
     started_ns: int = 0
@@ -73,10 +65,9 @@ def inherited_admission() -> Optional[Admission]:
 
 
 def same_call(bound: tuple, identity: tuple) -> bool:
-    """Whether ``identity`` is the call ``bound`` describes, by the host's
-    identity of a call -- tool name, session, tool-call id -- not by argument
-    bytes (a host may rewrite arguments between two entries of one call).
-    Without a tool-call id, the arguments must match too."""
+    """Whether ``identity`` is the call ``bound`` describes by tool name,
+    session and tool-call id (a host may rewrite arguments between two entries
+    of one call); without a tool-call id, the arguments must match too."""
     if bound[:3] != identity[:3]:
         return False
     return identity[2] is not None or bound[3] == identity[3]

@@ -1,21 +1,12 @@
 """What may run while the gate is closed (docs/guard.md §While the gate is
 closed).
 
-Two questions are kept apart.  *Which calls are journaled* is the mode's
-(``protected_tools``, or every tool but ``read_only_tools``).  *Which calls
-run while an operation awaits a person* is this module's: while the gate is
-closed -- an operation is uncertain, or pending with no running worker; the
-journal fails verification; the guard is poisoned -- only the tools of
-:meth:`settings.Settings.while_closed` run, in every mode.  Every other call is
-refused, not journaled (a failing ``ls`` still never closes the gate in
-``protected_tools`` mode), with the code a protected call gets at that moment.
-While the gate is merely *busy* (a protected call is still running) the
-unprotected tools run as usual.
-
-So the agent cannot settle, repair, restart or archive its own operations, nor
-switch the plugin off or change its settings, while an operation awaits a
-person: no shell, no code execution, no file writes, no delegation.  Pure
-decisions and texts; the gate (:class:`gate.Gate`) reads the journal.
+Which calls are journaled is the mode's; which run while the gate is closed
+is this module's: in every mode only :meth:`settings.Settings.while_closed`,
+every other call refused, not journaled, with the code a protected call gets
+then (so the agent cannot settle its own operations or change the plugin).
+While the gate is merely *busy* unprotected tools run.  Pure decisions and
+texts; the gate (:class:`gate.Gate`) reads the journal.
 """
 from __future__ import annotations
 
@@ -34,9 +25,8 @@ OPEN_VERDICTS = frozenset({"platform_unsupported"})
 
 
 def journal_present(data_dir: Optional[str]) -> bool:
-    """Whether any file of a journal exists in ``data_dir`` (None: unknown,
-    treated as none).  Before the first protected call there is none: the
-    gate is open, and an unprotected call reads and creates nothing."""
+    """Whether any journal file exists in ``data_dir`` (None: treated as none;
+    before the first protected call the gate is open)."""
     if data_dir is None:
         return False
     return any(os.path.lexists(os.path.join(data_dir, name)) for name in _JOURNAL_FILES)
@@ -48,7 +38,6 @@ def keeps_gate_open(code: str) -> bool:
 
 
 def while_closed_text(tool_name: str, why: str, runs: Iterable[str]) -> str:
-    """The explanation of a call refused while the gate is closed: which tool,
-    why the gate is closed (``why``: what a protected call is told now, no
-    command that changes the journal), and what still runs."""
+    """The explanation of a call refused while closed: the tool, ``why`` (what a
+    protected call is told now) and what still ``runs``."""
     return closed_gate_explanation(tool_name, why, runs)

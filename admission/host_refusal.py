@@ -1,18 +1,14 @@
 """Host refusals: a call the host refused after our middleware admitted it
 (docs/guard.md §Inside Hermes, "Host refusals").
 
-On Hermes 0.20 and later the ``tool_execution`` middleware runs first, and the
-host runs every plugin's ``pre_tool_call`` hook, the session scope check, the
-pruned-argument check and the tool-loop guardrails *inside* the middleware's
-``next_call``.  When one of them refuses, the handler is never invoked; the host
-then fires ``post_tool_call`` with ``status="blocked"`` for that call before it
-returns the refusal (0.20.1 and 0.22.2: ``agent/tool_executor.py``,
-``_run_agent_tool_execution_middleware`` / ``_blocked_tool_result``).  That
-report, matched to the call this context has admitted, is the only evidence we
-accept that the handler did not run: never the text of an error.  Where the host
-does not report it (0.19 runs hooks before the middleware; a hook that timed
-out; another middleware that rewrote the result), the operation stays
-``uncertain`` as before.
+On Hermes 0.20+ the host runs the ``pre_tool_call`` hooks, scope and argument
+checks and guardrails *inside* the middleware's ``next_call``; when one refuses,
+the handler never runs and the host fires ``post_tool_call`` with
+``status="blocked"`` (0.20.1, 0.22.2: ``agent/tool_executor.py``,
+``_blocked_tool_result``).  That report, matched to this context's admitted
+call, is the only evidence accepted that the handler did not run, never an
+error's text.  Without it (0.19 runs hooks first; a timed-out hook; a
+rewriting middleware) the operation stays ``uncertain``.
 """
 from __future__ import annotations
 
@@ -28,11 +24,9 @@ HOST_BLOCKED_STATUS = "blocked"
 
 def note_host_refusal(tool_name: Any, session_id: Any, tool_call_id: Any, status: Any,
                       error_type: Any, result: Any) -> bool:
-    """Mark this context's admitted call as refused by the host when a
+    """Mark this context's live admitted call as refused by the host when a
     ``post_tool_call`` report says ``status == "blocked"`` for exactly that call
-    (tool name, session id and a non-empty tool-call id).  Returns whether it
-    marked it.  A report for any other call, one without a tool-call id, or one
-    after the call ended, changes nothing."""
+    (tool name, session id, non-empty tool-call id); returns whether it did."""
     if status != HOST_BLOCKED_STATUS or not tool_call_id or not isinstance(tool_call_id, str):
         return False  # without the model's call id a nested call could pass for this one
     admission = live_admission()  # Hermes 0.22 runs hooks in a copy of this context
@@ -43,9 +37,8 @@ def note_host_refusal(tool_name: Any, session_id: Any, tool_call_id: Any, status
 
 
 def host_refused(admission: Admission, result: Any) -> bool:
-    """Whether the host reported refusing ``admission``'s call before its
-    handler and ``result`` is exactly the refusal it reported (a middleware
-    between us and the host that rewrote it leaves the call uncertain)."""
+    """Whether the host reported refusing ``admission``'s call and ``result`` is
+    exactly that refusal (a rewritten one leaves the call uncertain)."""
     refusal = admission.host_refusal
     if refusal is None:
         return False

@@ -1,12 +1,9 @@
 """The model's two read-only inspection tools, and the status report the
 worker's operator surfaces read (docs/guard.md §Inspection tools).
 
-``crash_recovery_status`` answers :func:`reports.chat.chat_status` of
-:func:`status_report`: what a model may relay to a chat, with no path, pid or
-command that changes the journal.  ``crash_recovery_verify`` answers a full
-verification, optionally against an exported checkpoint.  Each takes the
-profile's :class:`gate.Gate`; none writes anything, and the tool handlers
-never raise.
+Each takes the profile's :class:`gate.Gate`; none writes anything, the tool
+handlers never raise, and what a model gets (:mod:`reports.chat`) names no
+path, pid or command that changes the journal.
 """
 from __future__ import annotations
 
@@ -20,10 +17,8 @@ from .settings import with_attention
 
 
 def status_report(gate: Any) -> dict:
-    """Verified integrity, the gate, unresolved operations with owner and
-    age, late outcomes needing attention, the settings (docs/cli.md §status
-    fields), and this worker's own refusals (``poisoned``,
-    ``isolation_problem``), which close its gate whatever the journal says."""
+    """The ``status`` document (docs/cli.md §status) with this worker's own
+    refusals (``poisoned``, ``isolation_problem``), which close its gate."""
     settings = with_attention({**gate.settings().to_json(), **gate.tool_names_view()})
     try:
         journal = gate.journal()

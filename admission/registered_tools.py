@@ -1,19 +1,12 @@
 """What a worker found at its first call, kept for the operator surfaces
 (docs/guard.md §Settings, docs/cli.md §status).
 
-A running agent knows the host's whole tool registry (built-in, plugin and MCP
-tools); an operator command or the dashboard knows at most the built-in and
-plugin ones, and the stand-alone CLI neither them nor the profile's settings.
-So at its first call a worker records, in ``registered_tools.json`` in the data
-directory (written atomically: temp file, fsync, replace, directory fsync),
-the host's tool names and the settings it enforces as checked against them.
-Every operator surface then tells the same truth: a ``protected_tools`` name
-that matches no registered tool (a typo protects nothing) needs a person
-everywhere.
-
-The record is evidence of the host, never part of the journal: no hash covers
-it, nothing admits or refuses a call because of it, and an unreadable or
-malformed record reads as "nothing recorded".  Standard library only.
+Only a running agent knows the whole tool registry (MCP tools too), so at its
+first call a worker writes ``registered_tools.json`` (atomically) with the
+host's tool names and the settings it enforces: every operator surface then
+tells the same truth about a ``protected_tools`` name matching no tool.  The
+record is evidence, never part of the journal: no hash covers it, no call is
+admitted or refused for it, and an unreadable one reads as "nothing recorded".
 """
 from __future__ import annotations
 
@@ -47,14 +40,10 @@ _LEFTOVER_TEMP = re.compile(re.escape(RECORD_NAME) + r"\.(\d+)-[0-9a-f]+" + re.e
 def record_first_call(data_dir: Any, registered: Optional[Callable[[], Any]],
                       settings: Settings) -> None:
     """Write ``registered_tools.json``: ``{"tool_names": [...] (sorted),
-    "settings": the settings view as this worker enforces them (with
-    ``unmatched_tools`` and ``needs_attention``), "recorded_at" (ISO UTC),
-    "recorded_ns", "pid", "process_start"}``.  ``data_dir``: the data directory or a callable
-    giving it; ``registered()``: the host's tool names.  Nothing is written
-    when the names are unknown (outside Hermes).  Creates the data directory
-    when needed (a profile whose first protected call has not come yet).
-    Never raises: a failure is logged at DEBUG, and the surfaces then read
-    the registry themselves or say it is unknown."""
+    "settings": the enforced settings view, "recorded_at" (ISO UTC),
+    "recorded_ns", "pid", "process_start"}``.  ``data_dir``: the directory or a
+    callable giving it (created when needed); nothing is written when
+    ``registered()`` knows no names.  Never raises (a failure is logged at DEBUG)."""
     try:
         names = registered() if registered is not None else None
         names = sorted({name for name in names or () if isinstance(name, str)
@@ -77,9 +66,8 @@ def record_first_call(data_dir: Any, registered: Optional[Callable[[], Any]],
 
 
 def read_record(data_dir: str) -> Optional[dict]:
-    """The last worker's record (:func:`record_first_call`), or None when
-    there is none or it is unreadable or malformed.  ``tool_names`` comes
-    back as a list of text, ``settings`` as a dict or None."""
+    """The last worker's record (:func:`record_first_call`; ``settings`` a dict
+    or None), or None when absent, unreadable or malformed."""
     try:
         raw = read_regular_file(os.path.join(data_dir, RECORD_NAME), MAX_RECORD_BYTES)
         if len(raw) > MAX_RECORD_BYTES:
@@ -104,20 +92,12 @@ def read_record(data_dir: str) -> Optional[dict]:
 
 def operator_settings_view(settings: Optional[Callable[[], Any]], data_dir: str,
                            own_names: Optional[Callable[[], Any]] = None) -> Optional[dict]:
-    """``settings`` of an operator surface's ``status`` (docs/cli.md
-    §status): what this process knows joined with what a worker recorded.
-
-    ``settings()``: the profile's raw settings (``hermes crash-recovery``, the
-    dashboard), or None where they cannot be read (the stand-alone CLI);
-    ``own_names()``: the host's tool names as this process can read them (the
-    built-in and plugin tools only).  With settings, the view is
-    :func:`settings.settings_view` against those names plus the recorded
-    ones (MCP tools are judged only when a worker's record covers them),
-    adding ``tool_list_recorded_at``; ``tool_list`` is ``host`` when this
-    process read the registry, ``recorded`` when only a worker's record
-    names the tools.  Without settings, the view the last worker recorded,
-    with ``recorded_at`` and ``recorded_by_pid`` (None when nothing was
-    recorded).  Never raises."""
+    """``settings`` of an operator surface's ``status`` (docs/cli.md §status):
+    :func:`settings.settings_view` of ``settings()`` against ``own_names()``
+    plus the recorded names (``tool_list``: ``host``, or ``recorded`` when only
+    the record names tools; ``tool_list_recorded_at``).  Without ``settings``
+    (the stand-alone CLI): the recorded view with ``recorded_at`` and
+    ``recorded_by_pid``, or None.  Never raises."""
     record = read_record(data_dir)
     if settings is None:
         if record is None or record["settings"] is None:
@@ -142,13 +122,9 @@ def operator_settings_view(settings: Optional[Callable[[], Any]], data_dir: str,
 
 
 def workers_running(document: dict, data_dir: str) -> list:
-    """The worker processes of this profile that a ``status`` document and
-    the last worker's record show alive: ``[{"pid", "known_as"}]``, each pid
-    once, ``known_as`` one of ``running_call`` (its call is in flight),
-    ``resolved_call`` (a call resolved with force still runs),
-    ``owner`` (it holds an open operation's lock) and ``recorded_first_call``
-    (the last worker to record its first call, still alive).  Only what is
-    known: a worker that never recorded one is not listed."""
+    """``[{"pid", "known_as"}]``, each pid once: the live workers a ``status``
+    document and the record show, ``known_as`` ``running_call``,
+    ``resolved_call``, ``owner`` or ``recorded_first_call`` (docs/cli.md §status)."""
     found: dict = {}
     candidates = [((document.get("in_flight") or {}).get("pid"), "running_call")]
     candidates += [(entry.get("pid"), "resolved_call")

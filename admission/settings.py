@@ -1,15 +1,10 @@
 """The plugin's settings: which tools are protected, and how hard to verify
 (docs/guard.md §Settings).
 
-Settings live in the profile's ``config.yaml`` under
-``plugins.entries.crash-recovery.settings``.  People write them by hand and
-with ``hermes config set``, which stores a list typed on the command line as a
-*string* (``'["a", "b"]'``), so a tool list may be a YAML list, a JSON list
-string or a comma-separated string.  Anything that cannot be read exactly --
-another type, an unknown key (a typo such as ``read_only_tool``), both modes at
-once -- is a *settings problem*: the guard then fails closed (every tool but the
-two inspection tools is protected) and ``status`` shows the problem with the
-offending value.  Pure functions; no I/O.
+A tool list may be a YAML list, a JSON list string or a comma-separated string
+(``hermes config set`` stores text).  Anything that cannot be read exactly is a
+*settings problem*: the guard fails closed (every tool but the two inspection
+tools is protected) and ``status`` shows it.  Pure functions; no I/O.
 """
 from __future__ import annotations
 
@@ -41,21 +36,17 @@ KNOWN_READ_ONLY_TOOLS = frozenset((
     "read_file", "search_files", "session_search", "skill_view", "skills_list", "web_search",
     "web_extract", "vision_analyze", "ha_get_state", "ha_list_entities", "ha_list_services",
     "browser_snapshot", "browser_get_images", "browser_console", "read_terminal"))
+# Run while closed in every mode: the inspection tools and the catalog reads.
+_ALWAYS_WHILE_CLOSED = frozenset(INSPECTION_TOOLS + CATALOG_TOOLS)
 
 
 @dataclass(frozen=True)
 class Settings:
-    """Parsed settings.
-
-    ``mode``: ``read_only_tools`` (every tool except ``tools`` and the
-    inspection tools is protected) or ``protected_tools`` (only ``tools`` are).
-    ``allowed_while_closed``: tools an operator lets run while the gate is
-    closed, beyond the read-only list (docs/guard.md §While the gate is closed).
-    ``full_verification_interval`` and ``busy_timeout`` in seconds;
-    ``archive_after_events``: archive automatically at this live-segment
-    length, or None (off).  ``problem``: why the configured value could not be
-    used (the rest are then the fail-closed values), or None.
-    """
+    """Parsed settings.  ``mode``: ``read_only_tools`` (all but ``tools`` and
+    the inspection tools are protected) or ``protected_tools`` (only ``tools``);
+    ``full_verification_interval``, ``busy_timeout`` in seconds;
+    ``archive_after_events``: None is off; ``problem``: why the configured
+    value could not be used (the rest are then the fail-closed values)."""
     mode: str = MODE_READ_ONLY_TOOLS
     tools: frozenset = frozenset(DEFAULT_READ_ONLY_TOOLS)
     allowed_while_closed: frozenset = frozenset()
@@ -78,37 +69,28 @@ class Settings:
         return tool_name not in self.tools
 
     def while_closed(self) -> frozenset:
-        """The tools that run while the gate is closed (an operation awaits a
-        person, the journal fails verification, or the guard is poisoned):
-        the read-only list -- the configured one in ``read_only_tools`` mode,
-        the default pair in ``protected_tools`` mode -- plus
-        ``allowed_while_closed``, the inspection tools and Tool Search's
-        catalog reads.  Every other call is refused then, journaled or not."""
+        """The tools that run while the gate is closed (docs/guard.md §While the
+        gate is closed): the read-only list (the default pair in
+        ``protected_tools`` mode), ``allowed_while_closed``, the inspection
+        tools and Tool Search's catalog reads."""
         read_only = (frozenset(DEFAULT_READ_ONLY_TOOLS) if self.mode == MODE_PROTECTED_TOOLS
                      else self.tools)
-        candidates = read_only | self.allowed_while_closed
         # A protected tool never runs while closed (its own gate refuses it).
-        return frozenset(name for name in candidates if not self.is_protected(name)) | frozenset(
-            INSPECTION_TOOLS) | frozenset(CATALOG_TOOLS)
+        unprotected = {name for name in read_only | self.allowed_while_closed
+                       if not self.is_protected(name)}
+        return frozenset(unprotected) | _ALWAYS_WHILE_CLOSED
 
     def runs_while_closed(self, tool_name: Any) -> bool:
-        """Whether a call of ``tool_name`` may run while the gate is closed
-        (:meth:`while_closed`); names that are not text never do."""
+        """Whether ``tool_name`` is text in :meth:`while_closed`."""
         return isinstance(tool_name, str) and tool_name in self.while_closed()
 
     def reaching_tools(self) -> list:
-        """The tools that run while the gate is closed and are not known to be
-        read-only (:data:`KNOWN_READ_ONLY_TOOLS`), sorted: through any of them
-        the agent may reach the journal's files and the plugin's settings
-        while a person has not settled an operation."""
-        return sorted(self.while_closed() - KNOWN_READ_ONLY_TOOLS - frozenset(INSPECTION_TOOLS)
-                      - frozenset(CATALOG_TOOLS))
+        """The sorted tools that run while closed and are not known to be
+        read-only: through them the agent may reach the journal and settings."""
+        return sorted(self.while_closed() - KNOWN_READ_ONLY_TOOLS - _ALWAYS_WHILE_CLOSED)
 
     def to_json(self) -> dict:
-        """The settings as shown by ``status``: the mode and its list, the
-        other settings, ``allowed_while_closed``, ``while_closed`` (what runs
-        while the gate is closed) and ``agent_reaches_journal`` (those of them
-        not known to be read-only: :meth:`reaching_tools`)."""
+        """The settings as ``status`` shows them (docs/cli.md §status)."""
         shown = {"mode": self.mode, self.mode: sorted(self.tools),
                  "allowed_while_closed": sorted(self.allowed_while_closed),
                  "while_closed": sorted(self.while_closed()),
@@ -127,7 +109,7 @@ FAIL_CLOSED = Settings(tools=frozenset())
 
 def parse_tool_list(value: Any, key: str) -> tuple:
     """A tool list from a list of names, a JSON list string or a comma-separated
-    string; raises ``ValueError`` naming ``key`` and the value otherwise."""
+    string; else raises ``ValueError`` naming ``key`` and the value."""
     if isinstance(value, str):
         text = value.strip()
         if text.startswith(("[", "{", '"')):
@@ -184,11 +166,9 @@ def parse_settings(raw: Any) -> Settings:
 
 def settings_view(settings: Any, registered: Optional[Callable[[], Any]] = None, *,
                   partial: bool = True) -> dict:
-    """The parsed settings as ``status`` shows them (docs/cli.md §status):
-    ``settings()`` returns the raw mapping; a reader that raises is a problem
-    (every tool protected), never an exception.  ``registered()``: the
-    host's tool names as far as this process knows them; ``partial``: they
-    leave out MCP tools (:func:`tool_names_view`)."""
+    """The parsed ``settings()`` as ``status`` shows them (docs/cli.md §status);
+    a reader that raises is a problem, never an exception.  ``registered()``,
+    ``partial``: as :func:`tool_names_view`."""
     try:
         raw = settings()
     except Exception as exc:  # the same fail-closed reading as the guard's
@@ -199,19 +179,16 @@ def settings_view(settings: Any, registered: Optional[Callable[[], Any]] = None,
 
 
 def with_attention(view: dict) -> dict:
-    """``view`` with ``needs_attention`` (:func:`needs_attention`): what
-    ``status --check`` and the ``settings_attention`` gauge both read."""
+    """``view`` with ``needs_attention`` (read by ``status --check`` and the gauge)."""
     return {**view, "needs_attention": needs_attention(view)}
 
 
 def tool_names_view(settings: Settings, registered: Optional[Callable[[], Any]], *,
                     partial: bool = False) -> dict:
-    """``{"tool_list", "unmatched_tools"}`` (docs/guard.md §Settings): the
-    listed names that match no tool the host registered.  ``tool_list`` is
-    ``host`` when the registry was read, ``unknown`` when it was not
-    (``unmatched_tools`` is then null).  ``partial``: this process knows only
-    the built-in and plugin tools (an operator command, not a running agent),
-    so MCP tools (``mcp_...``) are not judged.  Never raises."""
+    """``{"tool_list": "host"|"unknown", "unmatched_tools"}`` (docs/guard.md
+    §Settings): listed names matching no tool of ``registered()``.
+    ``partial``: only built-in and plugin tools are known, so ``mcp_...``
+    names are not judged.  Never raises."""
     try:
         names = registered() if registered is not None else None
         known = None if not names else {name for name in names if isinstance(name, str)}
@@ -226,9 +203,8 @@ def tool_names_view(settings: Settings, registered: Optional[Callable[[], Any]],
 
 
 def needs_attention(view: dict) -> bool:
-    """A settings view (:func:`settings_view`) a person must act on: a
-    problem (every tool protected), or a protected tool that matches no
-    registered tool (a typo protects nothing)."""
+    """Whether a person must act on a settings view: a problem, or a protected
+    tool matching no registered tool (a typo protects nothing)."""
     return bool(view.get("problem") or (view.get("mode") == MODE_PROTECTED_TOOLS
                                         and view.get("unmatched_tools")))
 

@@ -1,13 +1,9 @@
-"""API routes of the crash-recovery page in the Hermes dashboard
-(docs/dashboard.md).
+"""API routes of the crash-recovery page in the Hermes dashboard (docs/dashboard.md).
 
 The dashboard imports this file by path and mounts ``router`` under
-``/api/plugins/crash-recovery/``, behind its own authentication (the session
-token on a loopback dashboard, its login otherwise).  Only the dashboard
-imports it: the runtime plugin (``register(ctx)``) never does, and stays
-standard-library only.  Each route answers with the operator command's own
-JSON document (docs/cli.md) via ``host/dashboard.py``; nothing here decides
-a rule.
+``/api/plugins/crash-recovery/``, behind its own authentication; the runtime
+plugin never imports it.  Each route answers with the operator command's own
+document via ``host/dashboard.py``; nothing here decides a rule.
 """
 from __future__ import annotations
 
@@ -23,11 +19,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
-# The plugin directory (this file's parent's parent) as the package Hermes
-# makes of it (``hermes_plugins.crash_recovery``): an agent the dashboard runs
-# in its own process then shares this copy, and with it the storage layer's
-# per-process bookkeeping of open databases and locks (two copies would each
-# believe they alone hold the journal's files).
+# The plugin directory as the package Hermes makes of it: an agent the dashboard
+# runs in its process shares this copy and the storage layer's per-process
+# bookkeeping of open databases and locks (two copies would each believe they
+# alone hold the journal's files).
 _PLUGIN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HERMES_NAMESPACE = "hermes_plugins"
 if HERMES_NAMESPACE not in sys.modules:  # as Hermes' loader creates it
@@ -64,9 +59,8 @@ def _operator(request: Request) -> dict:
 
 
 async def _json_body(request: Request) -> tuple:
-    """``(body, None)``, or ``(None, usage answer)`` as the CLI answers a
-    malformed command line.  Only ``application/json`` is accepted: a plain
-    form post from another site cannot reach a writing route."""
+    """``(body, None)`` or ``(None, usage answer)``.  Only ``application/json``:
+    a plain form post from another site cannot reach a writing route."""
     if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
         return None, _dashboard.usage("send the request body as application/json")
     raw = await request.body()
@@ -126,19 +120,17 @@ async def acknowledge(operation_id: str, request: Request) -> Response:
 
 
 def _connection(request: Request) -> tuple:
-    """``((client host, port), (server host, port))`` of the request's TCP
-    connection (either may be None)."""
+    """``((client host, port), (server host, port))`` (either may be None)."""
     client = (request.client.host, request.client.port) if request.client else None
     server = request.scope.get("server")
     return client, (tuple(server) if server else None)
 
 
 async def _settle(command: Any, operation_id: str, request: Request) -> Response:
-    """A writing command with the request's JSON body and the dashboard's
-    identity, run off the event loop (it fsyncs and may wait for the
-    journal's writer lock).  Refused when a page of another origin sent it
-    (``foreign_origin``) or its sending process is inside an agent
-    (``run_by_agent``, found from the connection in the threadpool)."""
+    """A writing command with the JSON body and the dashboard's identity, off
+    the event loop (it fsyncs, may wait for the writer lock); refused for a
+    page of another origin (``foreign_origin``) or a sender inside an agent
+    (``run_by_agent``, docs/dashboard.md §Who may settle)."""
     problem = _dashboard.origin_problem(request.headers.get("origin"),
                                         request.headers.get("host"),
                                         request.headers.get("sec-fetch-site"))

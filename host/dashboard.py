@@ -1,19 +1,12 @@
 """The crash-recovery page of the Hermes dashboard: what its API routes answer
 (docs/dashboard.md).
 
-``dashboard/plugin_api.py`` (imported by the dashboard only, never by
-``register(ctx)``) turns each route into one call here.  Every answer is the
-operator command's own document (docs/cli.md): the same commands of
-``reconciliation/commands.py`` run, with the same rules, the same error codes
-and the same ``operator.log`` line; the dashboard adds only who acted
-(``"via": "dashboard"`` and the dashboard's user, where it knows one) and the
-profile it serves.  Standard library only; Hermes modules are reached through
-:mod:`host.hermes`, lazily.
-
-Every journal access of the dashboard process is serialised by one lock: the
-page polls while people settle, and a slow verification of a long history must
-not interleave with a resolution in the same process (other processes are kept
-apart by the journal's own locks).
+Each route of ``dashboard/plugin_api.py`` is one call here, answered with the
+operator command's own document (docs/cli.md, ``reconciliation/commands.py``:
+same rules, codes and ``operator.log`` line) plus who acted and the profile
+served.  Standard library only.  One lock serialises the process's journal
+access: the page polls while people settle, and a slow verification must not
+interleave with a resolution (other processes: the journal's own locks).
 """
 from __future__ import annotations
 
@@ -61,9 +54,7 @@ PAGE_HINTS = {
 
 
 def http_status(document: dict) -> int:
-    """The HTTP status of an error document: 400 (bad input), 403 (sent by an
-    agent, or by a page of another origin), 404 (no such operation) or 409
-    (refused, or the journal cannot be trusted)."""
+    """The HTTP status of an error document: 400, 403, 404 or 409 (docs/dashboard.md §Routes)."""
     code = (document.get("error") or {}).get("code")
     if code in BAD_REQUEST_CODES:
         return 400
@@ -73,12 +64,10 @@ def http_status(document: dict) -> int:
 
 
 def dashboard_operator(session: Any = None, client: Optional[str] = None) -> dict:
-    """What the dashboard knows of the person acting, added to the operator
-    identity of docs/cli.md: ``{"via": "dashboard", "dashboard_user": {...} or
-    None, "client": address or None}``.  ``session``: the dashboard's verified
-    login (its auth gate's session: ``user_id``, ``email``, ``display_name``,
-    ``provider``), None on a loopback dashboard, which knows only that the
-    request carried its session token."""
+    """``{"via": "dashboard", "dashboard_user": {...} or None, "client"}``: who
+    acts, beside docs/cli.md's operator identity.  ``session``: the verified
+    login (``user_id``, ``email``, ``display_name``, ``provider``); None on a
+    loopback dashboard."""
     user = None
     if session is not None:
         user = {name: _bounded(getattr(session, name, None))
@@ -88,12 +77,11 @@ def dashboard_operator(session: Any = None, client: Optional[str] = None) -> dic
 
 def origin_problem(origin: Optional[str], host: Optional[str],
                    fetch_site: Optional[str]) -> Optional[str]:
-    """Why a writing request must be refused for where it came from, or None:
-    a browser names the page that sent it (``Origin``, ``Sec-Fetch-Site``),
-    and only the dashboard's own page may settle.  Hermes' CORS admits every
-    loopback port, so a page served on another port (or a sandboxed frame,
-    ``Origin: null``) is refused here.  A request without ``Origin`` (not from
-    a browser page) is judged by its sending process instead."""
+    """Why a writing request must be refused for the page that sent it
+    (``Origin``, ``Sec-Fetch-Site``), or None: only the dashboard's own page
+    may settle.  Hermes' CORS admits every loopback port, so another port (or
+    ``Origin: null``) is refused here; without ``Origin`` the sending process
+    is judged instead."""
     if fetch_site is not None and fetch_site.strip().lower() not in ("same-origin", "none"):
         return f"the request came from another site's page (Sec-Fetch-Site: {fetch_site[:40]})"
     if origin is None:
@@ -130,11 +118,9 @@ def _bounded(value: Any) -> Optional[str]:
 
 
 def profile_view() -> dict:
-    """The profile this dashboard serves: ``{"name", "home", "command"}``.
-    ``name``: ``default``, the NAME of a ``.../profiles/NAME`` home, or
-    ``custom`` for a ``HERMES_HOME`` elsewhere (its commands then need that
-    ``HERMES_HOME``); None outside Hermes.  ``command``: how this profile's
-    operator commands are run here (``hermes -p NAME crash-recovery``)."""
+    """The profile served: ``{"name", "home", "command"}``; ``name`` as
+    :func:`hermes.profile_of_home` (None outside Hermes), ``command`` as
+    :func:`command_words`."""
     home = name = None
     try:
         from hermes_constants import get_hermes_home  # type: ignore[import-not-found]
@@ -148,17 +134,14 @@ def profile_view() -> dict:
 
 
 def command_words(profile: Optional[str]) -> tuple:
-    """``PROGRAM [-p PROFILE] crash-recovery`` for the served profile, PROGRAM
-    being the host's own (``hermes``; ``hermesx`` on 0.20.1)."""
+    """``PROGRAM [-p PROFILE] crash-recovery`` (``hermes``; ``hermesx`` on 0.20.1)."""
     return hermes_prefix(profile, host_program())
 
 
 class DashboardCommands:
-    """The routes' answers for one profile: each method returns ``(document,
-    http status)``.  ``journal_class``: ``journal.Journal`` (handed down by
-    plugin_api.py); ``data_dir()``: the profile's data directory (default: the
-    one Hermes resolves for the dashboard's process); ``settings()``: the raw
-    plugin settings (default: the profile's ``config.yaml``)."""
+    """The routes' answers for one profile, each ``(document, http status)``.
+    ``journal_class``: ``journal.Journal``; ``data_dir()`` and ``settings()``
+    default to what Hermes resolves for the dashboard's process."""
 
     def __init__(self, journal_class: Callable[..., Any],
                  data_dir: Callable[[], Any] = hermes.resolve_data_dir,
@@ -186,11 +169,9 @@ class DashboardCommands:
     # ------------------------------------------------------------- reading --
 
     def status(self) -> tuple:
-        """``status`` (docs/cli.md §status) plus ``settings``, ``profile`` and
-        ``check``, as ``hermes crash-recovery status`` answers them: the
-        profile's own directory without a journal is a profile whose first
-        protected call has not come (``journal: "absent"``, gate open); an
-        error document also gets ``gate: closed`` (nothing protected runs)."""
+        """``status`` as ``hermes crash-recovery status`` answers it, plus
+        ``profile``; no journal yet is ``journal: "absent"`` (gate open), an
+        error document gets ``gate: closed``."""
         data_dir = str(self.data_dir())
         document, code = self._run("status", check=False)
         if (document.get("error") or {}).get("code") == "journal_absent":
@@ -220,9 +201,8 @@ class DashboardCommands:
         return self._run("checkpoint")
 
     def archives(self) -> tuple:
-        """``{"ok", "integrity", "data_dir", "archives": [anchor, ...]}``,
-        newest first: the archives the live segment's anchor chain reaches
-        (docs/format.md §Archives), after one full verification."""
+        """``{"ok", "integrity", "data_dir", "archives": [anchor, ...]}``, newest
+        first, after a full verification (docs/format.md §Archives)."""
         document, code = self._run(_list_archives, since=0, all=False)
         if (document.get("error") or {}).get("code") == "journal_absent":  # no call yet
             document, code = {"ok": True, "integrity": "ok", "data_dir": str(self.data_dir()),
@@ -233,11 +213,9 @@ class DashboardCommands:
 
     def resolve(self, operation_id: Any, body: Any, operator_via: dict,
                 connection: Optional[tuple] = None) -> tuple:
-        """``resolve OP --outcome O --evidence E [--force]`` from a JSON body
-        ``{"outcome", "evidence", "force"?}``; the same refusals as the CLI.
-        ``connection``: ``((client host, port), (server host, port))`` of the
-        request, whose sending process must not be inside an agent
-        (``run_by_agent``, docs/dashboard.md §Who may settle)."""
+        """``resolve`` from a JSON body ``{"outcome", "evidence", "force"?}``.
+        ``connection``: ``((client host, port), (server host, port))``, whose
+        sender must not be an agent (docs/dashboard.md §Who may settle)."""
         problem = _body_problem(body, RESOLVE_FIELDS)
         if problem is None and body.get("outcome") not in OUTCOMES:
             problem = "outcome must be completed or not_applied"
@@ -263,9 +241,7 @@ class DashboardCommands:
 
 
 def _caller(connection: Optional[tuple]) -> Any:
-    """The :class:`caller.Caller` of a request from its connection's two ends;
-    without one (a call from Python, not a route) this process, examined from
-    its parent up, as a shell command is."""
+    """The :class:`caller.Caller` of a request; without a connection, this process."""
     if connection is None:
         return this_process(VIA_DASHBOARD)
     client, server = connection
@@ -273,8 +249,7 @@ def _caller(connection: Optional[tuple]) -> Any:
 
 
 def _in_page_words(answer: tuple) -> tuple:
-    """A writing command's answer with the hint the page shows beside its
-    form (:data:`PAGE_HINTS`) in place of the CLI's."""
+    """A writing command's answer with :data:`PAGE_HINTS` in place of the CLI's hints."""
     document, status = answer
     error = document.get("error") or {}
     if error.get("code") in PAGE_HINTS:
@@ -307,8 +282,7 @@ def _list_archives(args: argparse.Namespace, data_dir: str, journal_class: Calla
 
 
 def _body_problem(body: Any, fields: set) -> Optional[str]:
-    """What is wrong with a request body (None: nothing); evidence must be
-    text (its content is the command's to judge: ``invalid_evidence``)."""
+    """What is wrong with a request body, or None (the command judges the evidence's text)."""
     if not isinstance(body, dict):
         return "the request body must be a JSON object"
     unknown = sorted(str(key)[:40] for key in body if key not in fields)
@@ -320,15 +294,13 @@ def _body_problem(body: Any, fields: set) -> Optional[str]:
 
 
 def usage(message: str) -> tuple:
-    """A malformed request: ``(usage error document, 400)``, as the CLI
-    answers a malformed command line."""
+    """A malformed request: ``(usage error document, 400)``."""
     document = {"ok": False, "error": {"code": "usage", "message": message}}
     return document, http_status(document)
 
 
 def checkpoint_file_name(checkpoint: dict) -> str:
-    """``crash-recovery-checkpoint-<profile>-<count>.json``: the download's
-    name (only letters, digits, ``-`` and ``_``: safe in a header)."""
+    """``crash-recovery-checkpoint-<profile>-<count>.json``: ASCII letters, digits, ``-``, ``_``."""
     profile = "".join(character if character.isascii() and (character.isalnum()
                                                             or character in "-_") else "_"
                       for character in str(profile_view()["name"] or "profile"))[:64]

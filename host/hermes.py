@@ -1,17 +1,9 @@
-"""What crash-recovery needs from its Hermes host (docs/guard.md §Inside Hermes).
+"""What crash-recovery needs from its Hermes host (docs/guard.md §Inside Hermes):
+the data directory, the settings, the profile's command line, ``/crash-recovery``.
 
-Everything here is resolved lazily, at first use, never in ``register(ctx)``:
-
-* :func:`resolve_data_dir` -- the active profile's plugin data directory;
-* :func:`settings_reader` -- the profile's ``plugins.entries.crash-recovery.settings``;
-* :func:`command_prefix` -- ``hermes [-p PROFILE] crash-recovery`` (``hermesx``
-  where the host was started as that), the way an operator runs the commands
-  in this profile (no paths: safe for a chat);
-* :func:`slash_command` -- the read-only ``/crash-recovery`` summary.
-
-Hermes modules are imported inside the functions: this module imports on any
-Python, and outside Hermes the functions raise ``ImportError`` (the callers
-turn that into a clear refusal).
+Resolved lazily, never in ``register(ctx)``; Hermes modules are imported inside
+the functions, so this module imports on any Python and outside Hermes the
+functions raise ``ImportError`` (the callers turn that into a clear refusal).
 """
 from __future__ import annotations
 
@@ -32,16 +24,14 @@ PLUGIN_NAME = "crash-recovery"
 
 
 def resolve_data_dir() -> Path:
-    """The profile's data directory: the host's
-    ``plugins.plugin_storage.plugin_data_dir`` where it exists (Hermes >= 0.20),
-    else ``<HERMES_HOME>/plugin-data/crash-recovery`` from ``get_hermes_home()``
-    (which follows ``HERMES_HOME`` and ``hermes -p PROFILE``).  Raises
-    ``ImportError`` outside Hermes."""
+    """The profile's data directory: ``plugins.plugin_storage.plugin_data_dir``
+    (Hermes >= 0.20), else ``<get_hermes_home()>/plugin-data/crash-recovery``
+    (follows ``HERMES_HOME`` and ``-p``).  Raises ``ImportError`` outside Hermes."""
     try:
         from plugins.plugin_storage import plugin_data_dir  # type: ignore[import-not-found]
     except ImportError:
         from hermes_constants import get_hermes_home  # type: ignore[import-not-found]
-        return Path(get_hermes_home()) / "plugin-data" / PLUGIN_NAME
+        return data_dir_of_home(get_hermes_home())
     return Path(plugin_data_dir(PLUGIN_NAME))
 
 
@@ -49,15 +39,11 @@ def settings_reader(ctx: Any) -> Callable[[], Optional[dict]]:
     """A zero-argument reader of the raw settings mapping (None: nothing set),
     the same on every host (docs/guard.md §Settings, "The same on every host").
 
-    The profile's ``config.yaml`` through Hermes' own loader gives the whole
-    mapping, so an unknown key (a typo) is seen.  The ``settings`` subtree wins
-    whole; the legacy ``config`` subtree is read only when ``settings`` is
-    absent, so a leftover ``config`` never mixes into ``settings`` (0.20+'s
-    ``ctx.get_config`` falls back key by key; those fallbacks are dropped).
-    Where the host has ``ctx.get_config`` the known keys' values come from it,
-    which expands ``${VAR}`` (0.20+); a reference left unexpanded is a
-    settings problem (:mod:`admission.settings`).
-    """
+    ``config.yaml`` through Hermes' loader gives the whole mapping (a typo is
+    seen); ``settings`` wins whole over the legacy ``config`` subtree (0.20+'s
+    ``ctx.get_config`` falls back key by key: those fallbacks are dropped).
+    Known keys' values come from ``ctx.get_config`` where it exists, which
+    expands ``${VAR}`` (0.20+)."""
     get_config: Optional[Callable] = getattr(ctx, "get_config", None)
 
     def read() -> Optional[dict]:
@@ -77,9 +63,7 @@ def settings_reader(ctx: Any) -> Callable[[], Optional[dict]]:
 
 
 def _settings_from_config_file() -> tuple:
-    """``(settings, config)``: the ``plugins.entries.crash-recovery.settings``
-    subtree and the legacy ``config`` subtree of the profile's ``config.yaml``
-    as written (None where absent)."""
+    """The ``(settings, config)`` subtrees of ``plugins.entries.crash-recovery`` (None: absent)."""
     try:
         from hermes_cli.config import read_raw_config  # type: ignore[import-not-found]
     except ImportError:
@@ -99,16 +83,13 @@ _HOST_CONTEXT: list = []
 
 
 def use_host_context(ctx: Any) -> None:
-    """Remember the host's PluginContext for :func:`profile_name` (called by
-    ``register(ctx)``; touches no attribute of ``ctx``)."""
+    """Remember the host's PluginContext for :func:`profile_name` (touches no attribute)."""
     _HOST_CONTEXT[:] = [ctx]
 
 
 def profile_name() -> Optional[str]:
-    """The active profile's name (``default``, a name, or ``custom`` for a
-    HERMES_HOME elsewhere) from the host's ``ctx.profile_name``; without a host
-    context, the profile a ``HERMES_HOME`` of ``.../profiles/NAME`` names, else
-    None."""
+    """The active profile's name from ``ctx.profile_name``; without a host
+    context, that of ``$HERMES_HOME`` (:func:`profile_of_home`), else None."""
     name = getattr(_HOST_CONTEXT[0], "profile_name", None) if _HOST_CONTEXT else None
     if isinstance(name, str) and name:
         return name
@@ -144,9 +125,7 @@ def data_dir_of_home(home: Any) -> Path:
 
 
 def home_of_data_dir(data_dir: Any) -> Optional[Path]:
-    """The Hermes home whose crash-recovery data directory ``data_dir`` is
-    (``<home>/plugin-data/crash-recovery``, the home holding ``config.yaml``),
-    or None: a directory that cannot be a profile's (a typo, a file)."""
+    """The Hermes home whose data directory ``data_dir`` is, or None (a typo, a file)."""
     path = Path(os.path.abspath(os.fspath(data_dir)))
     home = path.parent.parent
     if path.name == PLUGIN_NAME and path.parent.name == "plugin-data" and is_hermes_home(home):
@@ -155,10 +134,9 @@ def home_of_data_dir(data_dir: Any) -> Optional[Path]:
 
 
 def nearest_profile_data_dir(path: Any, default_home: Any) -> Optional[Path]:
-    """The data directory a person most likely meant instead of ``path``:
-    that of the nearest Hermes home among ``path``'s ancestors, else that of
-    ``default_home`` (``$HERMES_HOME`` or ``~/.hermes``) when it is a Hermes
-    home; None when neither is, or the answer is ``path`` itself."""
+    """The data directory a person most likely meant instead of ``path``: the
+    nearest Hermes home's above it, else ``default_home``'s; None when neither
+    is a home, or the answer is ``path`` itself."""
     path = Path(os.path.abspath(os.fspath(path)))
     for candidate in (*path.parents, Path(os.path.abspath(os.fspath(default_home)))):
         if is_hermes_home(candidate) and data_dir_of_home(candidate) != path:
@@ -167,19 +145,16 @@ def nearest_profile_data_dir(path: Any, default_home: Any) -> Optional[Path]:
 
 
 def command_prefix() -> tuple:
-    """``PROGRAM [-p PROFILE] crash-recovery``: how an operator runs the
-    commands in this profile, PROGRAM being the name the host was started as
-    (``hermes``, ``hermesx``: :func:`host.program.host_program`)."""
+    """``PROGRAM [-p PROFILE] crash-recovery`` for this profile (no paths: safe
+    for a chat); PROGRAM from :func:`host.program.host_program`."""
     return hermes_prefix(profile_name(), host_program())
 
 
 def registered_tool_names(load: bool = False) -> Optional[list]:
-    """Every tool name in Hermes' registry (``tools.registry.registry``), or
-    None when it cannot be reached.  ``load``: first register the built-in
-    tools with the registry's own ``discover_builtin_tools()`` (what importing
-    ``model_tools`` does; an operator command's process has only the plugins'
-    tools until then).  Only the documented ``tools.registry`` is used, so
-    ``hermes plugins validate`` names no private core import."""
+    """Every tool name in ``tools.registry.registry``, or None when unreachable.
+    ``load``: first ``discover_builtin_tools()`` (an operator command's process
+    has only the plugins' tools until then).  Only the documented
+    ``tools.registry``, so ``hermes plugins validate`` names no private import."""
     try:
         from tools.registry import registry  # type: ignore[import-not-found]
         if load:
@@ -198,19 +173,14 @@ EXECUTION_RUNNER = "run_tool_execution_middleware"
 
 
 def execution_chain_running(identity: tuple) -> bool:
-    """Whether the host is running its tool-execution middleware for the call
-    ``identity`` (``(tool_name, session_id, tool_call_id, ...)``) right now, in
-    any thread: a frame of :data:`EXECUTION_RUNNER` whose ``tool_name`` and
-    ``context["tool_call_id"]`` are this call's (docs/guard.md §Inside
-    Hermes, "The gate on every path").  Hermes 0.20+ runs the
-    ``pre_tool_call`` hooks of its agent loop inside that runner's
-    ``next_call`` (0.22 on a ``hermes-hook-*`` thread, while the runner's
-    thread waits), so a hook that finds it running and no admission of ours
-    bound knows our middleware did not wrap the call.  Where the hook runs
-    first (0.19; 0.20+'s ``model_tools.handle_function_call``, which
-    ``execute_code``'s RPC bridge and connector batches use) the runner has
-    not started yet.  A call without a tool-call id cannot be told apart:
-    False.  Outside Hermes (no such module loaded): False.  Never raises."""
+    """Whether a frame of :data:`EXECUTION_RUNNER` in any thread runs the call
+    ``identity`` (``(tool_name, session_id, tool_call_id, ...)``) now
+    (docs/guard.md §Inside Hermes, "The gate on every path").  Hermes 0.20+
+    runs the agent loop's ``pre_tool_call`` hooks inside that runner's
+    ``next_call`` (0.22 on a ``hermes-hook-*`` thread), so a hook that finds it
+    and no admission of ours knows our middleware did not wrap the call; where
+    the hook runs first (0.19; 0.20+'s ``model_tools.handle_function_call``)
+    it has not started.  False without a tool-call id or outside Hermes; never raises."""
     try:
         tool_name, tool_call_id = identity[0], identity[2]
         module = sys.modules.get(EXECUTION_RUNNER_MODULE)
@@ -232,8 +202,7 @@ def execution_chain_running(identity: tuple) -> bool:
 
 
 def slash_command(status_report: Callable[[], dict]) -> Callable[[str], str]:
-    """The ``/crash-recovery`` handler: a read-only summary of
-    ``status_report()`` (the guard's).  It never resolves anything."""
+    """The ``/crash-recovery`` handler: a read-only summary of ``status_report()``."""
     def handle(raw_args: str = "") -> str:
         try:
             return summary_text(status_report(), command_prefix())
@@ -247,21 +216,18 @@ SAID_ABOVE = frozenset(("guard_poisoned", "isolation_unsupported", "unresolved_o
 
 
 def summary_text(status: dict, prefix: tuple) -> str:
-    """The ``/crash-recovery`` text: the gate, each open operation (tool, age,
-    owner, the exact command that settles it), then everything else that
-    needs a person in the words of ``status --check`` (:func:`check_reasons`:
-    late outcomes, settings, a ``protected_tools`` name matching no tool) --
-    a gate that is open is never called calm while one remains -- and calls
-    resolved with force that still run."""
+    """The ``/crash-recovery`` text: the gate, each open operation and the
+    command that settles it, the other ``status --check`` reasons (an open gate
+    is never called calm while one remains), forced calls still running."""
     lines = []
     reasons = check_reasons(status)
+    error = status.get("error") or {}
     worker_problem = status.get("poisoned") or status.get("isolation_problem")
-    if worker_problem and not (status.get("error") or {}).get("code"):
+    if worker_problem and not error.get("code"):
         # This worker refuses, not the journal: its own sentence says what to do.
         lines.append(f"crash-recovery: gate CLOSED in this worker -- {bounded(worker_problem)}")
         lines.append(f"The profile's journal: {command_line(prefix, 'status')}")
     elif not status.get("ok"):
-        error = status.get("error") or {}
         # A chat gets the sentence for the code; the detail names files and paths.
         why = chat_error(error)["message"] if error.get("code") else "unknown"
         lines.append(f"crash-recovery: gate CLOSED -- the journal cannot be used "
@@ -294,8 +260,7 @@ def summary_text(status: dict, prefix: tuple) -> str:
     # What else needs a person, in the words of `status --check` (the branch
     # above said the journal's verdict and the unknown outcomes already).
     for reason in reasons:
-        if reason["code"] not in SAID_ABOVE and reason["code"] != (status.get("error")
-                                                                    or {}).get("code"):
+        if reason["code"] not in SAID_ABOVE and reason["code"] != error.get("code"):
             lines.append(f"! {reason['code']}: {bounded(reason['message'])}")
     for operation in status.get("attention") or []:
         lines.append(f"  acknowledge {operation['operation_id']}: " + command_line(

@@ -21,20 +21,17 @@ HERMES_CLI_ENTRY_POINT = "hermes_cli.main:main"
 
 
 def host_program(argv0: Optional[str] = None) -> str:
-    """The program name an operator types to reach this Hermes: the name this
-    process was started as when that is one of Hermes' command-line scripts
-    (``hermesx gateway run`` gives ``hermesx``); else the first such script
-    installed beside this interpreter, ``hermes`` preferred; else ``hermes``.
-    ``argv0`` defaults to ``sys.argv[0]``."""
+    """The program name an operator types to reach this Hermes: the one this
+    process was started as (``argv0``, default ``sys.argv[0]``) when it is one
+    of Hermes' command-line scripts, else the first such script beside this
+    interpreter (``hermes`` preferred), else ``hermes``."""
     scripts = hermes_cli_scripts()
     started_as = os.path.basename(sys.argv[0] if argv0 is None else argv0)
     return choose_program(started_as, scripts, os.path.dirname(sys.executable or ""))
 
 
 def choose_program(started_as: str, scripts: Sequence[str], bin_dir: str) -> str:
-    """:func:`host_program`'s rule on explicit inputs: ``started_as`` (a base
-    name), ``scripts`` (the names of Hermes' command-line scripts) and
-    ``bin_dir`` (where the interpreter's scripts live)."""
+    """:func:`host_program`'s rule on a base name, Hermes' scripts and the interpreter's bin dir."""
     if started_as in scripts:
         return started_as
     preferred = sorted(scripts, key=lambda name: (name != DEFAULT_PROGRAM, name))
@@ -46,8 +43,7 @@ def choose_program(started_as: str, scripts: Sequence[str], bin_dir: str) -> str
 
 @functools.lru_cache(maxsize=1)
 def hermes_cli_scripts() -> tuple:
-    """Names of the installed console scripts whose entry point is Hermes'
-    command line (read once from the installed distributions' metadata)."""
+    """The installed console scripts whose entry point is Hermes' command line (read once)."""
     try:
         from importlib.metadata import entry_points
         found: Iterable = entry_points(group="console_scripts")
