@@ -1,15 +1,9 @@
 """The operator commands: inspect, export, settle and repair the journal
-(docs/cli.md).
-
-Each ``command_*`` function takes the parsed arguments, the data directory
-and the journal class to open it with (``journal.Journal``, passed by the
-operator CLI: this side sits below the top-level journal and never imports
-it), and returns one JSON-safe result dict, or raises :class:`CommandError` /
-:class:`errors.JournalError`.  A command that fails changes nothing on disk.
-``status``, ``show``, ``log``, ``verify`` and ``checkpoint`` open the database
-read-only and never create a journal, marker or checkpoint.  Every ``resolve``
-and ``repair-checkpoint`` is also appended to ``operator.log`` beside the
-journal (docs/cli.md §operator.log).
+(docs/cli.md).  Each ``command_*`` takes the parsed arguments, the data
+directory and the journal class (``journal.Journal``, passed in: this side
+never imports the top level), and returns one JSON-safe result dict or raises
+:class:`CommandError` / :class:`errors.JournalError`; a failed command
+changes nothing on disk.  The reading commands open the database read-only.
 """
 from __future__ import annotations
 
@@ -50,6 +44,8 @@ JournalClass = Callable[..., Any]
 # Evidence is stored verbatim in the journal forever; 64 KiB holds any receipt
 # or log excerpt a person would paste, and bounds what one typo can add.
 EVIDENCE_MAX_CHARS = 65536
+
+
 class CommandError(Exception):
     """A refused command: ``code`` (machine-readable) and ``message``."""
 
@@ -59,8 +55,6 @@ class CommandError(Exception):
         self.message = message
         self.details = details
 
-
-# ------------------------------------------------------------------ helpers --
 
 def refuse_agent(command: str, args: argparse.Namespace, data_dir: str) -> None:
     """Raise :class:`CommandError` ``run_by_agent`` when a command that changes
@@ -174,8 +168,6 @@ def _lost_event(unresolved: tuple, lost: Optional[str]) -> str:
             "an operator resolves it")
 
 
-# ----------------------------------------------------------------- commands --
-
 def command_status(args: argparse.Namespace, data_dir: str, journal_class: JournalClass) -> dict:
     """``status``: integrity, the gate, every unresolved operation and every
     late outcome needing attention (docs/cli.md §status).  No journal at all is
@@ -198,8 +190,7 @@ def command_show(args: argparse.Namespace, data_dir: str, journal_class: Journal
         history = [dict(payload, seq=seq) for seq, payload in events]
         archived = None
         if not history:  # an operation sealed in an archive
-            found = [(anchor, seq, payload) for anchor, seq, payload
-                     in journal.archived_history(operation_id)]
+            found = list(journal.archived_history(operation_id))
             history = [dict(payload, seq=seq) for _, seq, payload in found]
             archived = found[0][0]["file"] if found else None
     if not history:
@@ -208,18 +199,16 @@ def command_show(args: argparse.Namespace, data_dir: str, journal_class: Journal
     shown = {operation.operation_id: operation for operation in (*status.unresolved,
                                                                   *status.attention)}
     if operation_id in shown:
+        attention = {operation.operation_id for operation in status.attention}
         operation = operation_view(shown[operation_id], data_dir,
-                                          with_owner=operation_id not in
-                                          {op.operation_id for op in status.attention})
+                                   with_owner=operation_id not in attention)
     else:
         started, last = history[0], history[-1]
         closing = [event for event in history if event["kind"] in ("returned", "resolved")]
         operation = {"operation_id": operation_id,
                      "state": closing[-1]["kind"] if closing else last["kind"],
-                     "tool": started.get("tool"), "session_id": started.get("session_id"),
-                     "tool_call_id": started.get("tool_call_id"),
-                     "args_hash": started.get("args_hash"),
-                     "fingerprint": started.get("fingerprint"),
+                     **{key: started.get(key) for key in ("tool", "session_id", "tool_call_id",
+                                                          "args_hash", "fingerprint")},
                      "started_ns": started["timestamp_ns"],
                      "reason": next((event.get("reason") for event in reversed(history)
                                      if event["kind"] in ("returned", "uncertain")), None),
@@ -356,10 +345,9 @@ def command_resolve(args: argparse.Namespace, data_dir: str, journal_class: Jour
               "outcome": args.outcome, "previous_state": previous.state, "tool": previous.tool,
               "checkpoint": resolution.checkpoint_after, "forced": forced}
     log_action(data_dir, "resolve", result, operator, operation_id=operation_id,
-                outcome=args.outcome,
-                evidence=evidence, forced=forced, owner=owner["owner"],
-                checkpoint_before=resolution.checkpoint_before,
-                checkpoint_after=resolution.checkpoint_after)
+               outcome=args.outcome, evidence=evidence, forced=forced, owner=owner["owner"],
+               checkpoint_before=resolution.checkpoint_before,
+               checkpoint_after=resolution.checkpoint_after)
     return result
 
 
@@ -375,10 +363,9 @@ def command_acknowledge(args: argparse.Namespace, data_dir: str, journal_class: 
               "late_reason": resolution.operation.late_reason, "tool": resolution.operation.tool,
               "checkpoint": resolution.checkpoint_after}
     log_action(data_dir, "acknowledge", result, operator, operation_id=operation_id,
-                evidence=evidence,
-                late_reason=resolution.operation.late_reason,
-                checkpoint_before=resolution.checkpoint_before,
-                checkpoint_after=resolution.checkpoint_after)
+               evidence=evidence, late_reason=resolution.operation.late_reason,
+               checkpoint_before=resolution.checkpoint_before,
+               checkpoint_after=resolution.checkpoint_after)
     return result
 
 
@@ -393,11 +380,10 @@ def command_repair(args: argparse.Namespace, data_dir: str, journal_class: Journ
     result = {"ok": True, "integrity": "ok", "data_dir": data_dir, "repaired": CHECKPOINT_NAME,
               "checkpoint_before": before, "checkpoint_after": after, "lost_event": lost_event,
               "lost_operation": lost,
-              "unresolved": [operation_view(operation, data_dir)
-                             for operation in unresolved]}
+              "unresolved": [operation_view(operation, data_dir) for operation in unresolved]}
     log_action(data_dir, "repair-checkpoint", result, acting_operator(args), evidence=evidence,
-                checkpoint_before=before, checkpoint_after=after, lost_event=lost_event,
-                lost_operation=lost)
+               checkpoint_before=before, checkpoint_after=after, lost_event=lost_event,
+               lost_operation=lost)
     return result
 
 
@@ -417,8 +403,8 @@ def command_archive(args: argparse.Namespace, data_dir: str, journal_class: Jour
         sealed = journal.archive()
     result = {"ok": True, "integrity": "ok", "data_dir": data_dir, **sealed}
     log_action(data_dir, "archive", result, acting_operator(args), archived=sealed["archived"],
-                checkpoint_before=sealed["checkpoint_before"],
-                checkpoint_after=sealed["checkpoint_after"])
+               checkpoint_before=sealed["checkpoint_before"],
+               checkpoint_after=sealed["checkpoint_after"])
     return result
 
 
@@ -431,15 +417,14 @@ def command_restart_journal(args: argparse.Namespace, data_dir: str,
     operator = acting_operator(args)
 
     def audit(done: dict) -> Optional[str]:
-        """The operator.log line of this restart, written once (a rerun that
-        finishes it finds the line the first run wrote)."""
+        """The operator.log line of this restart, written once across runs."""
         if any(entry.get("action") == "restart-journal"
                and entry.get("checkpoint_after") == done["checkpoint_after"]
                for entry in read_operator_log(data_dir)):
             return None
         logged: dict = {}
         log_action(data_dir, "restart-journal", logged, done["operator"],
-                    evidence=done["evidence"], **{key: done[key] for key in RESTART_LOGGED})
+                   evidence=done["evidence"], **{key: done[key] for key in RESTART_LOGGED})
         return logged.get("operator_log_error")
 
     try:
@@ -474,10 +459,9 @@ COMMANDS = {"status": command_status, "show": command_show, "log": command_log,
 
 def _journal_error_document(exc: JournalError, data_dir: str) -> dict:
     """The error document of a :class:`JournalError`: ``integrity`` is the
-    journal's verdict (``found`` when the error carries the real one, as
-    ``repair_not_applicable`` does).  While a restart is left half-way, the
-    journal's verdict is ``restart_interrupted``: its way forward is to run
-    restart-journal again, whatever the half-moved files look like."""
+    journal's verdict (``found`` when the error carries the real one), and
+    ``restart_interrupted`` while a restart is left half-way, whatever the
+    half-moved files look like (its way forward: restart-journal again)."""
     integrity, error = exc.details.get("found", exc.code), exc.to_json()
     if integrity in INTEGRITY_VERDICTS and integrity != "restart_interrupted" \
             and pending_restart(data_dir) is not None:
