@@ -37,11 +37,9 @@ TOOL_SUBPROCESS_MARKERS: Mapping[str, Optional[str]] = {
     # terminal and execute_code children: hermes_constants.apply_subprocess_home_env.
     "HERMES_REAL_HOME": None,
 }
-# Variables a Hermes process sets in its *own* environment, so every child
-# inherits them (0.20+: hermes_cli/main.py and gateway/run.py,
-# ``_advertise_agent_env``).  Read only from a start-time environment (/proc),
-# where a command's own Hermes process cannot have added them.  (Not
-# TERMINAL_ENV, which Hermes also exports: people set it in their own shells.)
+# Variables a Hermes process sets in its *own* environment, for every child
+# (0.20+: ``_advertise_agent_env``), read only from a start-time environment,
+# where a command's own Hermes process cannot have added them.
 HERMES_PROCESS_MARKERS: Mapping[str, Optional[str]] = {
     "HERMES_AGENT": None, "AI_AGENT": "hermes-agent",
 }
@@ -84,12 +82,11 @@ class Evidence:
 @dataclass(frozen=True)
 class Caller:
     """Who runs an operator command.  ``via``: ``cli`` or ``dashboard``;
-    ``start_pid``: the first process examined with its parent chain (the CLI:
-    its parent; the dashboard: the request's peer process), None when
-    unknown; ``environ``: the command's own start-time environment (None: read
-    nothing); ``peer``: for the dashboard, ``{"pid", "uid", "user"}`` of the
-    process that sent the request (recorded with the event); ``problem``: why
-    the caller could not be identified (the command is then refused)."""
+    ``start_pid``: the first process examined with its parent chain (the CLI's
+    parent, the dashboard request's peer), or None; ``environ``: the command's
+    own start-time environment (None: read nothing); ``peer``: the dashboard
+    request's ``{"pid", "uid", "user"}``; ``problem``: why the caller could
+    not be identified (the command is then refused)."""
     via: str
     start_pid: Optional[int] = None
     environ: Optional[Mapping[str, str]] = None
@@ -216,9 +213,8 @@ def _start_environment(pid: int) -> Optional[dict]:
 
 def _own_start_environment() -> Mapping[str, str]:
     """This process's environment as it was started (Hermes adds markers to
-    its own os.environ later: only /proc shows the inherited ones); where
-    there is no /proc, ``os.environ``, of which only the tool-subprocess
-    markers are then read."""
+    its own os.environ later); without /proc, ``os.environ``, of which only
+    the tool-subprocess markers are then read."""
     found = _start_environment(os.getpid()) if _proc_available() else None
     return found if found is not None else dict(os.environ)
 
@@ -236,8 +232,6 @@ def _marker_in(environ: Mapping[str, str], *, trusted_start: bool) -> Optional[s
             return name if value is None else f"{name}={value}"
     return None
 
-
-# ------------------------------------------------------- dashboard peers --
 
 def loopback(address: Optional[str]) -> bool:
     """Whether ``address`` is a loopback address (``127.0.0.0/8``, ``::1``,
@@ -280,9 +274,8 @@ def peer_caller(client: Optional[tuple], server: Optional[tuple]) -> Caller:
 def _socket_of(client: tuple, server: tuple) -> Optional[tuple]:
     """``(uid, inode)`` of the socket whose local end is ``client`` and remote
     end ``server`` (the request's peer side), from /proc/net/tcp and tcp6."""
-    wanted_local = _endpoint(client)
-    wanted_remote = _endpoint(server)
-    if wanted_local is None or wanted_remote is None:
+    wanted = (_endpoint(client), _endpoint(server))
+    if None in wanted:
         return None
     for table in ("tcp", "tcp6"):
         try:
@@ -294,8 +287,7 @@ def _socket_of(client: tuple, server: tuple) -> Optional[tuple]:
             fields = line.split()
             if len(fields) < 10:
                 continue
-            if (_parse_endpoint(fields[1]) == wanted_local
-                    and _parse_endpoint(fields[2]) == wanted_remote):
+            if (_parse_endpoint(fields[1]), _parse_endpoint(fields[2])) == wanted:
                 try:
                     return int(fields[7]), int(fields[9])
                 except ValueError:

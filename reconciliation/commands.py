@@ -389,9 +389,7 @@ def command_repair(args: argparse.Namespace, data_dir: str, journal_class: Journ
 
 def command_archive(args: argparse.Namespace, data_dir: str, journal_class: JournalClass) -> dict:
     """``archive``: seal the live history into a read-only archive file and
-    start a new segment anchored to it (docs/cli.md §archive).  Refused while an
-    operation is open, a late outcome awaits acknowledgement, or a protected
-    call is running."""
+    start a new segment anchored to it (docs/cli.md §archive)."""
     # A worker still running a call (one an operator resolved too) may yet
     # record its outcome; Journal.archive checks again under the writer lock.
     holder = next(iter(held_calls(data_dir)), None)
@@ -480,10 +478,8 @@ def _journal_error_document(exc: JournalError, data_dir: str) -> dict:
 def run_command(command: "str | Callable[..., dict]", args: argparse.Namespace, data_dir: str,
                 journal_class: JournalClass) -> tuple:
     """Run one command (a name in :data:`COMMANDS`, or a function of the same
-    signature): ``(document, ok)``.  A refusal or an integrity verdict becomes
-    the error document of docs/cli.md §Output (``{"ok": false, "integrity"?,
-    "error": {"code", "message", "hint"?}}``); the operator CLI and the
-    dashboard answer with exactly this."""
+    signature): ``(document, ok)``; any failure becomes the error document of
+    docs/cli.md §Output, which the operator CLI and the dashboard answer."""
     function = COMMANDS[command] if isinstance(command, str) else command
     try:
         if command in WRITING_COMMANDS:

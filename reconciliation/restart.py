@@ -79,8 +79,6 @@ def _failure(exc: BaseException, action: str, found: Optional[str],
                               f"{cause}{room}", found=found, step=action, free_bytes=free)
 
 
-# ------------------------------------------------------------- preparing --
-
 def _prepare(data_dir: str, found: str, message: str, evidence: str, operator: dict,
              now_ns: int) -> dict:
     """Steps 1 and 2's content: read the old journal, build the new one in a
@@ -252,8 +250,6 @@ def _resume(data_dir: str, intent: dict, journal_class: Callable[..., Any],
             return None
     return _carry_out(data_dir, intent, audit, resumed=True)
 
-
-# -------------------------------------------------------------- the guard --
 
 def _journal_open_elsewhere(data_dir: str) -> bool:
     """Whether a process has the journal open (:func:`wal_keeper.journal_open_elsewhere`);
