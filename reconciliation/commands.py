@@ -51,9 +51,7 @@ class CommandError(Exception):
 
     def __init__(self, code: str, message: str, **details: Any):
         super().__init__(message)
-        self.code = code
-        self.message = message
-        self.details = details
+        self.code, self.message, self.details = code, message, details
 
 
 def refuse_agent(command: str, args: argparse.Namespace, data_dir: str) -> None:
@@ -61,8 +59,7 @@ def refuse_agent(command: str, args: argparse.Namespace, data_dir: str) -> None:
     the journal comes from inside an agent of this profile (docs/cli.md §Who
     may settle): only a person settles, from their own shell or browser."""
     caller = command_caller(args)
-    where = ("this request came from" if caller.via == "dashboard"
-             else "it was run from")
+    where = "this request came from" if caller.via == "dashboard" else "it was run from"
     if caller.problem:
         raise CommandError("run_by_agent", f"{command} was refused: {caller.problem}, so it "
                            "cannot be told apart from an agent of this profile. Open the "
