@@ -104,11 +104,10 @@ AMBIGUOUS_SHOWN = 10
 
 def _operation_id(text: str, data_dir: Optional[str] = None,
                   journal_class: Optional[JournalClass] = None) -> str:
-    """The canonical (lower-case, hyphenated) form the guard stores; a unique
-    prefix of at least 4 characters is completed from the live journal
-    (docs/cli.md §Operation ids).  Raises :class:`CommandError`
-    (``invalid_operation_id``, ``ambiguous_operation_id`` with
-    ``candidates``) or :class:`AdmissionRefused` ``unknown_operation``."""
+    """The canonical form the guard stores; a unique prefix of at least 4
+    characters is completed from the live journal (docs/cli.md §Operation
+    ids).  Raises :class:`CommandError` (``invalid_operation_id``,
+    ``ambiguous_operation_id``) or :class:`AdmissionRefused`."""
     try:
         return str(uuid.UUID(text))
     except ValueError:

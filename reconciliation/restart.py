@@ -301,9 +301,8 @@ def _remove_leftovers(data_dir: str) -> None:
 
 
 def _remove_dead_temp_files(data_dir: str) -> None:
-    """Temporary files of an atomic replace that a killed restart left (the
-    intent, the placeholder head.json): only those of dead processes, since
-    this command does not hold the writer lock."""
+    """Temporary files of the intent's or placeholder's atomic replace that a
+    killed restart left (only dead processes': the writer lock is not held)."""
     remove_files_of_dead_processes(data_dir, DEAD_TEMP_NAME)
 
 

@@ -112,9 +112,8 @@ def _recognised(path: str) -> Optional[dict]:
 
 
 def keep_unrecognised_intent(data_dir: str, intent: dict) -> None:
-    """A ``restart.json`` that is not a restart's intent (and names no staging
-    folder) goes into the new evidence folder before the new intent is
-    written in its place."""
+    """A ``restart.json`` that is not a restart's intent goes into the new
+    evidence folder before the new intent is written in its place."""
     path = intent_path(data_dir)
     if os.path.lexists(path):
         evidence = os.path.join(data_dir, intent["evidence_directory"])
@@ -198,8 +197,7 @@ def finish(data_dir: str, intent: dict) -> None:
 
 def placed(data_dir: str, intent: dict) -> bool:
     """Whether the new database is in place: a database in the data
-    directory while the old one (if there was one) is in the evidence folder
-    -- the new one is placed only after every old file was moved."""
+    directory while the old one (if there was one) is in the evidence folder."""
     evidence = os.path.join(data_dir, intent["evidence_directory"])
     return os.path.lexists(os.path.join(data_dir, DATABASE_NAME)) and (
         not intent["old_database"] or os.path.lexists(os.path.join(evidence, DATABASE_NAME)))

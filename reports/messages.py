@@ -20,9 +20,8 @@ from ..storage.call_lock import OWNER_RUNNING, probe_owner
 
 
 BLOCKED_ERROR = "crash_recovery_blocked"
-# The operator commands that change the journal or move its files: only a
-# person runs them, and nothing a model is told names them (docs/guard.md
-# §What the model is told).
+# The operator commands that change the journal or move its files: nothing a
+# model is told names them (docs/guard.md §What the model is told).
 WRITING_COMMANDS = ("resolve", "acknowledge", "repair-checkpoint", "archive", "restart-journal")
 RECORD_FAILED_ERROR = "crash_recovery_record_failed"
 # The plugin directory is this folder's parent.
@@ -65,10 +64,9 @@ NEXT_STEPS = {
 def next_step(code: str, found: Optional[str] = None,
               operation_id: Optional[str] = None) -> Optional[tuple]:
     """The words of the next operator command for an error ``code``
-    (``found``: the real verdict behind ``repair_not_applicable``;
-    ``operation_id``: the operation the error names); ``()`` for "the same
-    command again"; None when the message and hint are all there is (a usage
-    error, a wrong directory)."""
+    (``found``: the real verdict behind it; ``operation_id``: the operation
+    it names); ``()`` for "the same command again"; None when the message and
+    hint are all there is (a usage error, a wrong directory)."""
     if code == "repair_not_applicable" and found:
         code = found
     if code == "storage_unavailable" and found:
@@ -82,10 +80,9 @@ def next_step(code: str, found: Optional[str] = None,
 
 
 def next_step_of(error: dict) -> Optional[tuple]:
-    """:func:`next_step` of an error document (``code``, ``found``,
-    ``operation_id``, ``workers_running``).  ``wal_missing`` while processes
-    still have the journal open: stop them and look again (their exit folds
-    the deleted WAL's events back); with none left, restart-journal."""
+    """:func:`next_step` of an error document.  ``wal_missing`` while
+    processes still have the journal open: stop them and look again (their
+    exit folds the deleted WAL's events back)."""
     code = error.get("code") or ""
     if code == "wal_missing" and error.get("workers_running"):
         return STATUS_STEP
@@ -239,11 +236,9 @@ def describe_age(seconds: float) -> str:
 
 def blocked_result(code: str, explanation: str, *, prefix: Optional[Sequence[str]],
                    operations: Iterable[dict] = ()) -> str:
-    """The refusal JSON of docs/guard.md §Blocked result: ``error`` =
-    ``crash_recovery_blocked``, ``blocked`` true, ``code``, ``explanation``,
-    ``operation_ids``, ``operations`` (tool, state, started_at, age_seconds) and
-    ``operator_command`` (null when the refusal came before the data directory
-    was known: the keys never vary)."""
+    """The refusal JSON of docs/guard.md §Blocked result (``operator_command``
+    null when the refusal came before the data directory was known: the keys
+    never vary)."""
     operations = list(operations)[:MAX_OPERATIONS_SHOWN]
     result = {
         "error": BLOCKED_ERROR,
@@ -260,8 +255,7 @@ def blocked_result(code: str, explanation: str, *, prefix: Optional[Sequence[str
 
 
 # What a refusal echoes is bounded: a tool name or id comes from the model and
-# may be a megabyte long.  Runs of characters without a space longer than
-# LONG_WORD are cut; the whole text stops at MAX_ECHO characters.
+# may be a megabyte long.
 LONG_WORD = 120
 MAX_ECHO = 4000
 MAX_OPERATIONS_SHOWN = 20

@@ -38,9 +38,8 @@ def stdout_takes_unicode() -> bool:
 
 def json_text(document: Any, indent: Optional[int]) -> str:
     """JSON for a terminal: readable non-ASCII text, terminal controls as
-    ``\\uXXXX`` escapes (valid JSON: they can only occur inside strings); all
-    non-ASCII as escapes where stdout cannot encode it, so the document stays
-    whole and valid in any output encoding."""
+    ``\\uXXXX`` escapes (valid JSON: they occur only inside strings); all
+    non-ASCII as escapes where stdout cannot encode it."""
     return json.dumps(document, ensure_ascii=not stdout_takes_unicode(), sort_keys=True,
                       indent=indent).translate(_JSON_ESCAPES)
 
