@@ -1,5 +1,4 @@
 """The operator side: settling unknown outcomes and looking after the journal
-(``commands``: status, show, log, verify, checkpoint, resolve, acknowledge,
-repair-checkpoint, archive).  Imports ``reports`` and ``storage``
-(docs/cli.md).
+(docs/cli.md; the modules: README §Project layout).  Imports ``reports`` and
+``storage``.
 """

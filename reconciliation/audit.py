@@ -66,13 +66,6 @@ def read_operator_log(data_dir: str) -> list:
     return entries
 
 
-def operator_identity() -> dict:
-    """Who runs this command as far as the system knows: ``{"uid", "user",
-    "host"}`` (:func:`caller.os_identity`: the password database's name for the
-    uid, never ``$USER``)."""
-    return os_identity()
-
-
 def command_caller(args: argparse.Namespace) -> Caller:
     """The :class:`caller.Caller` of a command: ``args.caller`` (the
     dashboard's request peer), else this process run from a shell (``cli``)."""
@@ -81,11 +74,9 @@ def command_caller(args: argparse.Namespace) -> Caller:
 
 
 def acting_operator(args: argparse.Namespace) -> dict:
-    """Who acts: the caller's identity (uid, user, host, ``via``, for the
-    dashboard its request peer) plus what the caller knows of the person
-    (``args.operator_via``, e.g. the dashboard's ``{"via": "dashboard",
-    "dashboard_user": ...}``, docs/dashboard.md); recorded in the journal event
-    and in ``operator.log``."""
+    """Who acts, as the journal event and ``operator.log`` record it: the
+    caller's identity (:meth:`caller.Caller.identity`) plus what the caller
+    knows of the person (``args.operator_via``, docs/dashboard.md)."""
     return {**command_caller(args).identity(), **(getattr(args, "operator_via", None) or {})}
 
 
@@ -95,6 +86,6 @@ def log_action(data_dir: str, action: str, result: dict,
     is reported in ``result`` (the journal event is the source of truth)."""
     problem = append_operator_log(data_dir, {
         "time": iso_utc(time.time_ns()), "action": action,
-        "operator": operator or operator_identity(), **entry})
+        "operator": operator or os_identity(), **entry})
     if problem:
         result["operator_log_error"] = problem

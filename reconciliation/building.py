@@ -18,6 +18,8 @@ from ..storage.store import JournalStore
 # The tool name of the bookkeeping operation that records a restart.
 RESTART_TOOL = "crash-recovery.restart-journal"
 NO_HASH = value_hash(None)
+# The call fields of an operation no tool call started (docs/format.md §Restarted journals).
+NO_CALL = {"fingerprint": NO_HASH, "args_hash": NO_HASH, "session_id": None, "tool_call_id": None}
 
 
 def build_new_journal(staging: str, record: dict, state: dict, *, evidence: str,
@@ -26,10 +28,9 @@ def build_new_journal(staging: str, record: dict, state: dict, *, evidence: str,
     """Write the new journal in ``staging`` in one transaction and fold its
     WAL into the database file, so that it moves as one file; returns its
     checkpoint.  ``record``: the ``restarted_from`` field; ``state``: the old
-    journal's last verified state (its ``open`` operations are carried over);
-    ``anchor``: the archive its event 1 continues, or None; ``lost``: the id
-    of the operation that stands for events that may be lost, or None;
-    ``window``: that operation's ``lost_window``.  Raises
+    journal's last verified state; ``anchor``: the archive its event 1
+    continues; ``lost``: the id of the operation that stands for events that
+    may be lost, ``window`` its ``lost_window``.  Raises
     :class:`JournalError` and ``OSError``."""
     store = JournalStore(staging, busy_timeout=DEFAULT_BUSY_TIMEOUT_SECONDS, readonly=False,
                          create=True, full_verification=False,
@@ -40,9 +41,7 @@ def build_new_journal(staging: str, record: dict, state: dict, *, evidence: str,
             if anchor is not None:
                 store.append(chain, {"kind": KIND_ARCHIVED, "archive": anchor})
             store.append(chain, {"kind": "started", "operation_id": bookkeeping,
-                                 "tool": RESTART_TOOL, "fingerprint": NO_HASH,
-                                 "args_hash": NO_HASH, "session_id": None, "tool_call_id": None,
-                                 "restarted_from": record})
+                                 "tool": RESTART_TOOL, **NO_CALL, "restarted_from": record})
             store.append(chain, {"kind": "resolved", "operation_id": bookkeeping,
                                  "outcome": "completed", "evidence": evidence,
                                  "forced": False, "operator": operator})
@@ -58,9 +57,7 @@ def build_new_journal(staging: str, record: dict, state: dict, *, evidence: str,
                                          "result_hash": NO_HASH, "reason": reason})
             if lost is not None:
                 store.append(chain, {"kind": "started", "operation_id": lost, "tool": LOST_TOOL,
-                                     "fingerprint": NO_HASH, "args_hash": NO_HASH,
-                                     "session_id": None, "tool_call_id": None,
-                                     "lost_in_crash": state["checkpoint"],
+                                     **NO_CALL, "lost_in_crash": state["checkpoint"],
                                      "lost_window": window})
                 store.append(chain, {"kind": "uncertain", "operation_id": lost,
                                      "result_hash": NO_HASH, "reason": "lost_in_crash"})

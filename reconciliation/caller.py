@@ -1,31 +1,15 @@
 """Who is running this operator command: a person, or an agent of this
-profile (docs/cli.md §Who may settle).
+profile (docs/cli.md §Who may settle says what is recognised, and what not).
+The writing commands refuse (``run_by_agent``) when they come from inside an
+agent, which Linux ``/proc`` shows: an ancestor (for the dashboard, of the
+process that sent the request) that has this profile's ``journal.sqlite3``
+open, or Hermes' markers in a start-time environment
+(:data:`TOOL_SUBPROCESS_MARKERS`, :data:`HERMES_PROCESS_MARKERS`).
 
-Only a person settles an operation.  ``resolve``, ``acknowledge``,
-``repair-checkpoint``, ``restart-journal`` and ``archive`` therefore refuse
-(``run_by_agent``) when they come from inside an agent, which this module
-recognises from the operating system's own records (Linux ``/proc``):
-
-* **the parent chain**: an ancestor process (for the dashboard: the process
-  that sent the request, or one of its ancestors) that has this profile's
-  ``journal.sqlite3`` open is a worker running the guard -- its shell, its
-  ``execute_code`` child, anything they start and that still has its parent;
-* **the host's markers** in a process's environment as it was started
-  (``/proc/PID/environ``, which later changes inside the process do not
-  touch): the variables Hermes sets for the subprocesses of its tools
-  (:data:`TOOL_SUBPROCESS_MARKERS`, :data:`HERMES_PROCESS_MARKERS`), inherited
-  by everything they start.
-
-A process that left its parent chain (a double fork, ``setsid -f``,
-``nohup ... &`` once its shell has exited) *and* cleaned its environment
-(``env -i``) is recognised by neither; docs/guard.md §The boundary says what
-stops it instead (while the gate is closed the agent runs no shell at all).
-
-Every operator event records who ran it: :func:`os_identity` (the uid and the
-name the system gives it, from the password database -- never ``$USER`` or
-``$LOGNAME``, which any process sets as it likes) and how (``via``: ``cli``,
-``dashboard``).  Reads ``/proc`` only; never raises for a process that
-vanished or cannot be read.
+Every operator event records who ran it: :func:`os_identity` (from the
+password database, never ``$USER`` or ``$LOGNAME``) and how (``via``:
+``cli``, ``dashboard``).  Reads ``/proc`` only; never raises for a process
+that vanished or cannot be read.
 """
 from __future__ import annotations
 
@@ -33,7 +17,7 @@ import ipaddress
 import os
 import socket
 from dataclasses import dataclass
-from typing import Iterator, Mapping, Optional
+from typing import Any, Iterator, Mapping, Optional
 
 try:
     import pwd
@@ -53,11 +37,9 @@ TOOL_SUBPROCESS_MARKERS: Mapping[str, Optional[str]] = {
     # terminal and execute_code children: hermes_constants.apply_subprocess_home_env.
     "HERMES_REAL_HOME": None,
 }
-# Variables a Hermes process sets in its *own* environment, so every child
-# inherits them (0.20+: hermes_cli/main.py and gateway/run.py,
-# ``_advertise_agent_env``).  Read only from a start-time environment (/proc),
-# where a command's own Hermes process cannot have added them.  (Not
-# TERMINAL_ENV, which Hermes also exports: people set it in their own shells.)
+# Variables a Hermes process sets in its *own* environment, for every child
+# (0.20+: ``_advertise_agent_env``), read only from a start-time environment,
+# where a command's own Hermes process cannot have added them.
 HERMES_PROCESS_MARKERS: Mapping[str, Optional[str]] = {
     "HERMES_AGENT": None, "AI_AGENT": "hermes-agent",
 }
@@ -100,12 +82,11 @@ class Evidence:
 @dataclass(frozen=True)
 class Caller:
     """Who runs an operator command.  ``via``: ``cli`` or ``dashboard``;
-    ``start_pid``: the first process examined with its parent chain (the CLI:
-    its parent; the dashboard: the request's peer process), None when
-    unknown; ``environ``: the command's own start-time environment (None: read
-    nothing); ``peer``: for the dashboard, ``{"pid", "uid", "user"}`` of the
-    process that sent the request (recorded with the event); ``problem``: why
-    the caller could not be identified (the command is then refused)."""
+    ``start_pid``: the first process examined with its parent chain (the CLI's
+    parent, the dashboard request's peer), or None; ``environ``: the command's
+    own start-time environment (None: read nothing); ``peer``: the dashboard
+    request's ``{"pid", "uid", "user"}``; ``problem``: why the caller could
+    not be identified (the command is then refused)."""
     via: str
     start_pid: Optional[int] = None
     environ: Optional[Mapping[str, str]] = None
@@ -118,9 +99,7 @@ class Caller:
         if self.environ is not None:
             marker = _marker_in(self.environ, trusted_start=_proc_available())
             if marker is not None:
-                return Evidence(os.getpid(), _program(os.getpid()),
-                                f"carries {marker}, which Hermes sets for its tools' "
-                                "subprocesses")
+                return _marker_evidence(os.getpid(), marker)
         if self.start_pid is None:
             return None
         return agent_in_chain(self.start_pid, data_dir)
@@ -152,9 +131,13 @@ def agent_in_chain(pid: int, data_dir: str) -> Optional[Evidence]:
         environ = _start_environment(current)
         marker = _marker_in(environ, trusted_start=True) if environ is not None else None
         if marker is not None:
-            return Evidence(current, _program(current),
-                            f"carries {marker}, which Hermes sets for its tools' subprocesses")
+            return _marker_evidence(current, marker)
     return None
+
+
+def _marker_evidence(pid: int, marker: str) -> Evidence:
+    return Evidence(pid, _program(pid),
+                    f"carries {marker}, which Hermes sets for its tools' subprocesses")
 
 
 def _chain(pid: int) -> Iterator[int]:
@@ -192,22 +175,21 @@ def _file_identity(path: str) -> Optional[tuple]:
     return (found.st_dev, found.st_ino)
 
 
-def _has_open(pid: int, identity: tuple) -> bool:
-    """Whether process ``pid`` has a descriptor on the file ``identity``
-    (a process we may not inspect counts as not having it)."""
+def _descriptors(pid: int) -> Iterator[str]:
+    """The /proc paths of process ``pid``'s descriptors; none for a process
+    we may not inspect."""
     directory = f"{PROC}/{pid}/fd"
     try:
-        descriptors = os.listdir(directory)
+        names = os.listdir(directory)
     except OSError:
-        return False
-    for name in descriptors:
-        try:
-            found = os.stat(f"{directory}/{name}")
-        except OSError:
-            continue
-        if (found.st_dev, found.st_ino) == identity:
-            return True
-    return False
+        return
+    for name in names:
+        yield f"{directory}/{name}"
+
+
+def _has_open(pid: int, identity: tuple) -> bool:
+    """Whether process ``pid`` has a descriptor on the file ``identity``."""
+    return any(_file_identity(path) == identity for path in _descriptors(pid))
 
 
 def _proc_available() -> bool:
@@ -231,9 +213,8 @@ def _start_environment(pid: int) -> Optional[dict]:
 
 def _own_start_environment() -> Mapping[str, str]:
     """This process's environment as it was started (Hermes adds markers to
-    its own os.environ later: only /proc shows the inherited ones); where
-    there is no /proc, ``os.environ``, of which only the tool-subprocess
-    markers are then read."""
+    its own os.environ later); without /proc, ``os.environ``, of which only
+    the tool-subprocess markers are then read."""
     found = _start_environment(os.getpid()) if _proc_available() else None
     return found if found is not None else dict(os.environ)
 
@@ -252,28 +233,27 @@ def _marker_in(environ: Mapping[str, str], *, trusted_start: bool) -> Optional[s
     return None
 
 
-# ------------------------------------------------------- dashboard peers --
-
 def loopback(address: Optional[str]) -> bool:
     """Whether ``address`` is a loopback address (``127.0.0.0/8``, ``::1``,
     ``::ffff:127.x``)."""
     try:
-        parsed = ipaddress.ip_address(str(address))
+        return _unmapped(ipaddress.ip_address(str(address))).is_loopback
     except ValueError:
         return False
-    mapped = getattr(parsed, "ipv4_mapped", None)
-    return bool(parsed.is_loopback or (mapped is not None and mapped.is_loopback))
+
+
+def _unmapped(address: Any) -> Any:
+    """An IPv4-mapped IPv6 address as IPv4, any other as it is."""
+    return getattr(address, "ipv4_mapped", None) or address
 
 
 def peer_caller(client: Optional[tuple], server: Optional[tuple]) -> Caller:
     """The caller of a dashboard request from the TCP connection's two ends
     (``(host, port)``).  A loopback peer is found in /proc/net/tcp{,6} (its
     socket's inode, then the process holding it) and examined like a shell
-    command's parent chain; a peer that cannot be found is a ``problem`` (the
-    request is refused; so is a connection whose ends are unknown).  A
-    non-loopback peer (a dashboard behind Hermes' login on another interface)
-    is another machine: there is no process here to examine; without /proc
-    (not Linux) nothing is examined."""
+    command's parent chain; one that cannot be found, or unknown ends, is a
+    ``problem`` (the request is refused).  A non-loopback peer is another
+    machine: nothing here to examine."""
     if not _proc_available() or (client and not loopback(client[0])):
         return Caller(via=VIA_DASHBOARD)  # no /proc (not Linux), or another machine
     socket_entry = _socket_of(client, server) if client and server else None
@@ -294,9 +274,8 @@ def peer_caller(client: Optional[tuple], server: Optional[tuple]) -> Caller:
 def _socket_of(client: tuple, server: tuple) -> Optional[tuple]:
     """``(uid, inode)`` of the socket whose local end is ``client`` and remote
     end ``server`` (the request's peer side), from /proc/net/tcp and tcp6."""
-    wanted_local = _endpoint(client)
-    wanted_remote = _endpoint(server)
-    if wanted_local is None or wanted_remote is None:
+    wanted = (_endpoint(client), _endpoint(server))
+    if None in wanted:
         return None
     for table in ("tcp", "tcp6"):
         try:
@@ -308,8 +287,7 @@ def _socket_of(client: tuple, server: tuple) -> Optional[tuple]:
             fields = line.split()
             if len(fields) < 10:
                 continue
-            if (_parse_endpoint(fields[1]) == wanted_local
-                    and _parse_endpoint(fields[2]) == wanted_remote):
+            if (_parse_endpoint(fields[1]), _parse_endpoint(fields[2])) == wanted:
                 try:
                     return int(fields[7]), int(fields[9])
                 except ValueError:
@@ -320,12 +298,9 @@ def _socket_of(client: tuple, server: tuple) -> Optional[tuple]:
 def _endpoint(address: tuple) -> Optional[tuple]:
     """``(ip address, port)`` normalised (an IPv4-mapped IPv6 address as IPv4)."""
     try:
-        parsed = ipaddress.ip_address(str(address[0]))
-        port = int(address[1])
+        return (_unmapped(ipaddress.ip_address(str(address[0]))), int(address[1]))
     except (ValueError, TypeError, IndexError):
         return None
-    mapped = getattr(parsed, "ipv4_mapped", None)
-    return (mapped or parsed, port)
 
 
 def _parse_endpoint(text: str) -> Optional[tuple]:
@@ -336,9 +311,7 @@ def _parse_endpoint(text: str) -> Optional[tuple]:
         raw = bytes.fromhex(address)
         words = b"".join(raw[index:index + 4][::-1] if socket.htonl(1) != 1 else
                          raw[index:index + 4] for index in range(0, len(raw), 4))
-        parsed = ipaddress.ip_address(words)
-        mapped = getattr(parsed, "ipv4_mapped", None)
-        return (mapped or parsed, int(port, 16))
+        return (_unmapped(ipaddress.ip_address(words)), int(port, 16))
     except (ValueError, TypeError):
         return None
 
@@ -352,14 +325,9 @@ def _process_holding(inode: int) -> Optional[int]:
     except OSError:
         return None
     for pid in pids:
-        directory = f"{PROC}/{pid}/fd"
-        try:
-            descriptors = os.listdir(directory)
-        except OSError:
-            continue
-        for name in descriptors:
+        for path in _descriptors(pid):
             try:
-                if os.readlink(f"{directory}/{name}") == target:
+                if os.readlink(path) == target:
                     return int(pid)
             except OSError:
                 continue

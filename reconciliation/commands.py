@@ -1,15 +1,9 @@
 """The operator commands: inspect, export, settle and repair the journal
-(docs/cli.md).
-
-Each ``command_*`` function takes the parsed arguments, the data directory
-and the journal class to open it with (``journal.Journal``, passed by the
-operator CLI: this side sits below the top-level journal and never imports
-it), and returns one JSON-safe result dict, or raises :class:`CommandError` /
-:class:`errors.JournalError`.  A command that fails changes nothing on disk.
-``status``, ``show``, ``log``, ``verify`` and ``checkpoint`` open the database
-read-only and never create a journal, marker or checkpoint.  Every ``resolve``
-and ``repair-checkpoint`` is also appended to ``operator.log`` beside the
-journal (docs/cli.md §operator.log).
+(docs/cli.md).  Each ``command_*`` takes the parsed arguments, the data
+directory and the journal class (``journal.Journal``, passed in: this side
+never imports the top level), and returns one JSON-safe result dict or raises
+:class:`CommandError` / :class:`errors.JournalError`; a failed command
+changes nothing on disk.  The reading commands open the database read-only.
 """
 from __future__ import annotations
 
@@ -50,25 +44,22 @@ JournalClass = Callable[..., Any]
 # Evidence is stored verbatim in the journal forever; 64 KiB holds any receipt
 # or log excerpt a person would paste, and bounds what one typo can add.
 EVIDENCE_MAX_CHARS = 65536
+
+
 class CommandError(Exception):
     """A refused command: ``code`` (machine-readable) and ``message``."""
 
     def __init__(self, code: str, message: str, **details: Any):
         super().__init__(message)
-        self.code = code
-        self.message = message
-        self.details = details
+        self.code, self.message, self.details = code, message, details
 
-
-# ------------------------------------------------------------------ helpers --
 
 def refuse_agent(command: str, args: argparse.Namespace, data_dir: str) -> None:
     """Raise :class:`CommandError` ``run_by_agent`` when a command that changes
     the journal comes from inside an agent of this profile (docs/cli.md §Who
     may settle): only a person settles, from their own shell or browser."""
     caller = command_caller(args)
-    where = ("this request came from" if caller.via == "dashboard"
-             else "it was run from")
+    where = "this request came from" if caller.via == "dashboard" else "it was run from"
     if caller.problem:
         raise CommandError("run_by_agent", f"{command} was refused: {caller.problem}, so it "
                            "cannot be told apart from an agent of this profile. Open the "
@@ -113,11 +104,10 @@ AMBIGUOUS_SHOWN = 10
 
 def _operation_id(text: str, data_dir: Optional[str] = None,
                   journal_class: Optional[JournalClass] = None) -> str:
-    """The canonical (lower-case, hyphenated) form the guard stores; a unique
-    prefix of at least 4 characters is completed from the live journal
-    (docs/cli.md §Operation ids).  Raises :class:`CommandError`
-    (``invalid_operation_id``, ``ambiguous_operation_id`` with
-    ``candidates``) or :class:`AdmissionRefused` ``unknown_operation``."""
+    """The canonical form the guard stores; a unique prefix of at least 4
+    characters is completed from the live journal (docs/cli.md §Operation
+    ids).  Raises :class:`CommandError` (``invalid_operation_id``,
+    ``ambiguous_operation_id``) or :class:`AdmissionRefused`."""
     try:
         return str(uuid.UUID(text))
     except ValueError:
@@ -174,8 +164,6 @@ def _lost_event(unresolved: tuple, lost: Optional[str]) -> str:
             "an operator resolves it")
 
 
-# ----------------------------------------------------------------- commands --
-
 def command_status(args: argparse.Namespace, data_dir: str, journal_class: JournalClass) -> dict:
     """``status``: integrity, the gate, every unresolved operation and every
     late outcome needing attention (docs/cli.md §status).  No journal at all is
@@ -198,8 +186,7 @@ def command_show(args: argparse.Namespace, data_dir: str, journal_class: Journal
         history = [dict(payload, seq=seq) for seq, payload in events]
         archived = None
         if not history:  # an operation sealed in an archive
-            found = [(anchor, seq, payload) for anchor, seq, payload
-                     in journal.archived_history(operation_id)]
+            found = list(journal.archived_history(operation_id))
             history = [dict(payload, seq=seq) for _, seq, payload in found]
             archived = found[0][0]["file"] if found else None
     if not history:
@@ -208,18 +195,16 @@ def command_show(args: argparse.Namespace, data_dir: str, journal_class: Journal
     shown = {operation.operation_id: operation for operation in (*status.unresolved,
                                                                   *status.attention)}
     if operation_id in shown:
+        attention = {operation.operation_id for operation in status.attention}
         operation = operation_view(shown[operation_id], data_dir,
-                                          with_owner=operation_id not in
-                                          {op.operation_id for op in status.attention})
+                                   with_owner=operation_id not in attention)
     else:
         started, last = history[0], history[-1]
         closing = [event for event in history if event["kind"] in ("returned", "resolved")]
         operation = {"operation_id": operation_id,
                      "state": closing[-1]["kind"] if closing else last["kind"],
-                     "tool": started.get("tool"), "session_id": started.get("session_id"),
-                     "tool_call_id": started.get("tool_call_id"),
-                     "args_hash": started.get("args_hash"),
-                     "fingerprint": started.get("fingerprint"),
+                     **{key: started.get(key) for key in ("tool", "session_id", "tool_call_id",
+                                                          "args_hash", "fingerprint")},
                      "started_ns": started["timestamp_ns"],
                      "reason": next((event.get("reason") for event in reversed(history)
                                      if event["kind"] in ("returned", "uncertain")), None),
@@ -356,10 +341,9 @@ def command_resolve(args: argparse.Namespace, data_dir: str, journal_class: Jour
               "outcome": args.outcome, "previous_state": previous.state, "tool": previous.tool,
               "checkpoint": resolution.checkpoint_after, "forced": forced}
     log_action(data_dir, "resolve", result, operator, operation_id=operation_id,
-                outcome=args.outcome,
-                evidence=evidence, forced=forced, owner=owner["owner"],
-                checkpoint_before=resolution.checkpoint_before,
-                checkpoint_after=resolution.checkpoint_after)
+               outcome=args.outcome, evidence=evidence, forced=forced, owner=owner["owner"],
+               checkpoint_before=resolution.checkpoint_before,
+               checkpoint_after=resolution.checkpoint_after)
     return result
 
 
@@ -375,10 +359,9 @@ def command_acknowledge(args: argparse.Namespace, data_dir: str, journal_class: 
               "late_reason": resolution.operation.late_reason, "tool": resolution.operation.tool,
               "checkpoint": resolution.checkpoint_after}
     log_action(data_dir, "acknowledge", result, operator, operation_id=operation_id,
-                evidence=evidence,
-                late_reason=resolution.operation.late_reason,
-                checkpoint_before=resolution.checkpoint_before,
-                checkpoint_after=resolution.checkpoint_after)
+               evidence=evidence, late_reason=resolution.operation.late_reason,
+               checkpoint_before=resolution.checkpoint_before,
+               checkpoint_after=resolution.checkpoint_after)
     return result
 
 
@@ -393,19 +376,16 @@ def command_repair(args: argparse.Namespace, data_dir: str, journal_class: Journ
     result = {"ok": True, "integrity": "ok", "data_dir": data_dir, "repaired": CHECKPOINT_NAME,
               "checkpoint_before": before, "checkpoint_after": after, "lost_event": lost_event,
               "lost_operation": lost,
-              "unresolved": [operation_view(operation, data_dir)
-                             for operation in unresolved]}
+              "unresolved": [operation_view(operation, data_dir) for operation in unresolved]}
     log_action(data_dir, "repair-checkpoint", result, acting_operator(args), evidence=evidence,
-                checkpoint_before=before, checkpoint_after=after, lost_event=lost_event,
-                lost_operation=lost)
+               checkpoint_before=before, checkpoint_after=after, lost_event=lost_event,
+               lost_operation=lost)
     return result
 
 
 def command_archive(args: argparse.Namespace, data_dir: str, journal_class: JournalClass) -> dict:
     """``archive``: seal the live history into a read-only archive file and
-    start a new segment anchored to it (docs/cli.md §archive).  Refused while an
-    operation is open, a late outcome awaits acknowledgement, or a protected
-    call is running."""
+    start a new segment anchored to it (docs/cli.md §archive)."""
     # A worker still running a call (one an operator resolved too) may yet
     # record its outcome; Journal.archive checks again under the writer lock.
     holder = next(iter(held_calls(data_dir)), None)
@@ -417,8 +397,8 @@ def command_archive(args: argparse.Namespace, data_dir: str, journal_class: Jour
         sealed = journal.archive()
     result = {"ok": True, "integrity": "ok", "data_dir": data_dir, **sealed}
     log_action(data_dir, "archive", result, acting_operator(args), archived=sealed["archived"],
-                checkpoint_before=sealed["checkpoint_before"],
-                checkpoint_after=sealed["checkpoint_after"])
+               checkpoint_before=sealed["checkpoint_before"],
+               checkpoint_after=sealed["checkpoint_after"])
     return result
 
 
@@ -431,15 +411,14 @@ def command_restart_journal(args: argparse.Namespace, data_dir: str,
     operator = acting_operator(args)
 
     def audit(done: dict) -> Optional[str]:
-        """The operator.log line of this restart, written once (a rerun that
-        finishes it finds the line the first run wrote)."""
+        """The operator.log line of this restart, written once across runs."""
         if any(entry.get("action") == "restart-journal"
                and entry.get("checkpoint_after") == done["checkpoint_after"]
                for entry in read_operator_log(data_dir)):
             return None
         logged: dict = {}
         log_action(data_dir, "restart-journal", logged, done["operator"],
-                    evidence=done["evidence"], **{key: done[key] for key in RESTART_LOGGED})
+                   evidence=done["evidence"], **{key: done[key] for key in RESTART_LOGGED})
         return logged.get("operator_log_error")
 
     try:
@@ -474,10 +453,9 @@ COMMANDS = {"status": command_status, "show": command_show, "log": command_log,
 
 def _journal_error_document(exc: JournalError, data_dir: str) -> dict:
     """The error document of a :class:`JournalError`: ``integrity`` is the
-    journal's verdict (``found`` when the error carries the real one, as
-    ``repair_not_applicable`` does).  While a restart is left half-way, the
-    journal's verdict is ``restart_interrupted``: its way forward is to run
-    restart-journal again, whatever the half-moved files look like."""
+    journal's verdict (``found`` when the error carries the real one), and
+    ``restart_interrupted`` while a restart is left half-way, whatever the
+    half-moved files look like (its way forward: restart-journal again)."""
     integrity, error = exc.details.get("found", exc.code), exc.to_json()
     if integrity in INTEGRITY_VERDICTS and integrity != "restart_interrupted" \
             and pending_restart(data_dir) is not None:
@@ -496,10 +474,8 @@ def _journal_error_document(exc: JournalError, data_dir: str) -> dict:
 def run_command(command: "str | Callable[..., dict]", args: argparse.Namespace, data_dir: str,
                 journal_class: JournalClass) -> tuple:
     """Run one command (a name in :data:`COMMANDS`, or a function of the same
-    signature): ``(document, ok)``.  A refusal or an integrity verdict becomes
-    the error document of docs/cli.md §Output (``{"ok": false, "integrity"?,
-    "error": {"code", "message", "hint"?}}``); the operator CLI and the
-    dashboard answer with exactly this."""
+    signature): ``(document, ok)``; any failure becomes the error document of
+    docs/cli.md §Output, which the operator CLI and the dashboard answer."""
     function = COMMANDS[command] if isinstance(command, str) else command
     try:
         if command in WRITING_COMMANDS:

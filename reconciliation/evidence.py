@@ -33,12 +33,11 @@ def read_evidence(args: argparse.Namespace, max_chars: int) -> str:
                 raw = stream.read(limit)
     except OSError as exc:
         raise ValueError(f"{path}: {exc.strerror or exc}") from None
+    source = "standard input" if path == "-" else path
     if len(raw) >= limit:
-        raise ValueError(f"{'standard input' if path == '-' else path} holds more than "
-                         f"{max_chars} characters of evidence")
+        raise ValueError(f"{source} holds more than {max_chars} characters of evidence")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise ValueError(f"{'standard input' if path == '-' else path} is not UTF-8 "
-                         "text") from None
+        raise ValueError(f"{source} is not UTF-8 text") from None
     return text[:-1] if text.endswith("\n") else text

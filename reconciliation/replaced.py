@@ -1,13 +1,9 @@
 """Reading a journal that failed verification, without changing a byte of it
-(docs/cli.md §restart-journal, §verify; docs/format.md §Restarted journals).
-
-``restart-journal`` needs the longest prefix of the old database that still
-verifies and the operations open at its end; ``verify --checkpoint`` needs to
-check an export of a journal that a restart replaced against the files kept in
-its evidence folder.  Both read *copies* (SQLite may replay a WAL into a copy,
-never into the originals, which stay byte-identical as evidence), made with
-plain reads and writes in a scratch folder and never followed through a
-symbolic link.
+(docs/cli.md §restart-journal, §verify): its longest verified prefix for
+``restart-journal``, and an export of a replaced journal checked against its
+evidence folder.  Both read *copies* made with plain reads and writes in a
+scratch folder (SQLite may replay a WAL into a copy, never into the
+originals), never following a symbolic link.
 """
 from __future__ import annotations
 
@@ -30,7 +26,6 @@ from ..storage.schema import SQL_SELECT_METADATA, SQL_SELECT_ROWS_AFTER
 # Copies are made in pieces of this size (a journal may be gigabytes).
 COPY_CHUNK_BYTES = 1 << 20
 _NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
-
 
 
 def copy_file(source: str, target: str) -> bool:
@@ -94,19 +89,14 @@ def old_head(directory: str) -> Any:
 
 def last_verified_state(directory: str, reading_dir: str, hashes_wanted: tuple = ()) -> dict:
     """The longest prefix of the journal in ``directory`` that verifies, read
-    from copies in ``reading_dir`` (removed by the caller)::
-
-        {"journal_id", "checkpoint" (dict or None), "open": [(operation id,
-         started payload dict, state, reason, started seq)], "stopped" (why
-         reading stopped early, or None), "head_json" (decoded, or its problem
-         as text), "last_event_ns" (the last verified event's time or None),
-         "created_ns" (the journal's recorded creation time or None),
-         "marker_written_ns", "attention" (ids of resolved operations whose
-         late outcome awaits acknowledgement), "anchor" (event 1's archive
-         anchor when it verified, else None), "hashes" ({seq: hash} for each
-         seq of ``hashes_wanted`` the verified prefix reaches)}
-
-    Raises ``OSError`` when the copies cannot be made (a full disk)."""
+    from copies in ``reading_dir`` (removed by the caller): ``{"journal_id",
+    "checkpoint", "open": [(operation id, started payload, state, reason,
+    started seq)], "stopped" (why reading stopped early), "head_json"
+    (decoded, or its problem as text), "last_event_ns", "created_ns",
+    "marker_written_ns", "attention" (ids of unacknowledged late outcomes),
+    "anchor" (event 1's archive anchor), "hashes" ({seq: hash} for each seq
+    of ``hashes_wanted`` reached)}``, None where unknown.  Raises ``OSError``
+    when the copies cannot be made (a full disk)."""
     state = {"journal_id": None, "checkpoint": None, "open": [], "stopped": None,
              "head_json": old_head(directory), "last_event_ns": None, "created_ns": None,
              "marker_written_ns": marker_written_ns(directory), "attention": [],
@@ -180,20 +170,14 @@ def summary_of_state(state: dict) -> dict:
             "attention": state["attention"], "anchor": state["anchor"]}
 
 
-# ------------------------------------------- exports of a replaced journal --
-
 def check_replaced_export(data_dir: str, record: dict, export: dict, scratch: str) -> dict:
     """Check an exported checkpoint of a journal that ``restart-journal``
     replaced (``record``: the new journal's ``restarted_from``) against what
-    the restart verified of it, reading the copies of the files kept in its
-    evidence folder into ``scratch``.  Returns ``{"replaced_journal_id",
-    "evidence_directory", "last_verified_count"}`` when the export is a
-    prefix of the replaced journal's verified history (docs/cli.md §verify).
-    Raises :class:`IntegrityError` ``checkpoint_lost_in_restart`` (it anchors
-    events the restart could not verify: lost), ``checkpoint_replaced_mismatch``
-    (its history differs from what the replaced journal held) or
-    ``checkpoint_replaced_unverifiable`` (the evidence folder no longer holds
-    that history)."""
+    the restart verified of it, with copies of its evidence folder in
+    ``scratch`` (docs/cli.md §verify).  Returns ``{"replaced_journal_id",
+    "evidence_directory", "last_verified_count", "checkpoint_count"}`` for a
+    prefix; raises :class:`IntegrityError` ``checkpoint_lost_in_restart``,
+    ``checkpoint_replaced_mismatch`` or ``checkpoint_replaced_unverifiable``."""
     verified = record.get("last_verified_checkpoint")
     verified = verified if isinstance(verified, dict) else None
     verified_count = verified.get("count") if verified else 0

@@ -1,40 +1,21 @@
 """``restart-journal``: the way forward from any integrity verdict
-(docs/cli.md §restart-journal, docs/format.md §Restarted journals).
+(docs/cli.md §restart-journal; the procedure and the new journal's events:
+docs/format.md §Restarted journals).  The broken files are kept untouched in
+``replaced/<UTC time>-<journal id>/``; a new journal carries over every
+operation open in their last verified state.  The steps:
 
-A journal that fails verification refuses every protected call for good; most
-verdicts have no repair, because nobody can tell which events are missing.
-This command keeps the broken files untouched as evidence, moved into
-``replaced/<UTC time>-<journal id>/`` inside the data directory, and starts a
-new journal that records what it replaced, carries over, still open, every
-operation open in the old journal's last verified state (same id, tool,
-session, call id, hashes and start time), brings back one open operation (tool
-``unknown``, reason ``lost_in_crash``) when later events may be lost, and
-continues the old journal's archives when they verify.
+1. *prepare* -- build the new journal from copies of the old one in a staging
+   folder ``restart.<pid>-<hex>.tmp/``; a failure leaves garbage the next run
+   removes;
+2. *intent* -- ``restart.json``, written durably before anything moves;
+3. *keep* -- the old files into the evidence folder, the database first;
+4. *place* -- the new database and marker, the ``operator.log`` line, and
+   the new ``head.json`` last;
+5. *finish* -- the empty staging folder, then ``restart.json``, go.
 
-It is a recorded procedure, like the archive switch:
-
-1. *prepare* -- read the old journal from copies, build the new one complete
-   in a staging folder ``restart.<pid>-<hex>.tmp/``, make it durable.  The
-   journal's files are untouched; a failure or a crash leaves garbage the next
-   run removes.
-2. *intent* -- ``restart.json`` names the staging and evidence folders and
-   holds the whole result; written durably before anything is moved.
-3. *keep* -- the old ``head.json`` is linked into the evidence folder (an odd
-   file there is moved and a placeholder naming the new journal takes its
-   place), then the old files are moved, the database first; every rename is
-   made durable in both directories before the next.
-4. *place* -- the new database and marker are renamed out of the staging
-   folder, the line of ``operator.log`` is written, and the new ``head.json``
-   replaces the old one last: from then on the new journal is the journal.
-5. *finish* -- the empty staging folder, then ``restart.json``, are removed.
-
-Steps 3 to 5 and the intent are reconciliation/switch.py.
-
-At every instant the data directory holds something of a journal (never a
-fresh profile, whose gate is open), and reads as an integrity verdict until
-step 4 ends.  A run that finds ``restart.json`` continues from wherever the
-last one stopped, with the journal the first one built: the same operations,
-the same result.  A failure in step 3 (a full disk) moves everything back.
+Steps 3 to 5 and the intent are reconciliation/switch.py.  A run that finds
+``restart.json`` continues where the last one stopped, with the journal the
+first one built; a failure in step 3 moves everything back.
 """
 from __future__ import annotations
 
@@ -75,12 +56,10 @@ DEAD_TEMP_NAME = re.compile(r"(?:restart\.json|head\.json)\.(\d+)-[0-9a-f]{8}"
 
 def _failure(exc: BaseException, action: str, found: Optional[str],
              data_dir: str) -> JournalUnavailable:
-    """A failure of this command's own files as ``storage_unavailable`` (never
-    the old journal's verdict: ``integrity`` stays ``found``).  A full disk, a
-    read-only mount, or an error inside the staging database (SQLite may call
-    a full disk "malformed" or an "I/O error"): the free space of the data
-    directory's file system is named (``free_bytes``); a permission denied is
-    ``read_access_only``."""
+    """A failure of this command's own files (a full disk, a read-only mount,
+    an error inside the staging database) as ``storage_unavailable`` with
+    ``free_bytes``, or ``read_access_only`` for a permission denied; never
+    the old journal's verdict, which stays in ``found``."""
     if isinstance(exc, JournalError):
         cause = f"{exc.code}: {exc.message}"
     else:
@@ -99,8 +78,6 @@ def _failure(exc: BaseException, action: str, found: Optional[str],
     return JournalUnavailable("storage_unavailable", f"restart-journal could not {action}: "
                               f"{cause}{room}", found=found, step=action, free_bytes=free)
 
-
-# ------------------------------------------------------------- preparing --
 
 def _prepare(data_dir: str, found: str, message: str, evidence: str, operator: dict,
              now_ns: int) -> dict:
@@ -200,11 +177,9 @@ def _free_folder(data_dir: str, folder: str) -> str:
 
 def _archives_to_continue(data_dir: str, state: dict) -> Optional[dict]:
     """The anchor of the newest archive the new journal continues (its event
-    1), when the old journal's verified prefix names one and every archive of
-    the chain verifies end to end now: ``show``, ``log --all``, ``verify
-    --all`` and ``verify --checkpoint`` of the new journal then reach them.
-    None otherwise (``archive/`` then moves into the evidence folder), also
-    while an archive switch was left half-done (``archive.json``)."""
+    1): the old verified prefix's, when every archive of the chain verifies
+    now.  None otherwise (``archive/`` then moves into the evidence folder),
+    also while an archive switch was left half-done (``archive.json``)."""
     anchor = state["anchor"]
     if anchor is None or os.path.lexists(os.path.join(data_dir, INTENT_NAME)):
         return None
@@ -237,8 +212,7 @@ def _carry_out(data_dir: str, intent: dict, audit: Callable[[dict], Optional[str
         problem = place_new_files(data_dir, intent, audit)
         finish(data_dir, intent)
     except (OSError, JournalError) as exc:
-        failure = _failure(exc, "place the new journal", "restart_interrupted", data_dir)
-        raise failure from None
+        raise _failure(exc, "place the new journal", "restart_interrupted", data_dir) from None
     result = result_of(data_dir, intent, resumed)
     if problem:
         result["operator_log_error"] = problem
@@ -277,15 +251,10 @@ def _resume(data_dir: str, intent: dict, journal_class: Callable[..., Any],
     return _carry_out(data_dir, intent, audit, resumed=True)
 
 
-# -------------------------------------------------------------- the guard --
-
 def _journal_open_elsewhere(data_dir: str) -> bool:
-    """Whether a process has the journal open: a worker of ours, idle or not,
-    or any other SQLite connection (:func:`wal_keeper.journal_open_elsewhere`).
-    False where the platform has no open file description locks (nothing to
-    tell by) or there is no database file (none, or another kind of file
-    there: nobody has it open as a journal); True when the question cannot be
-    answered (a restart must never move a journal a worker may still use)."""
+    """Whether a process has the journal open (:func:`wal_keeper.journal_open_elsewhere`);
+    False without open file description locks or a database file, True when
+    nobody can tell (a restart must never move a journal a worker may use)."""
     path = os.path.join(data_dir, DATABASE_NAME)
     if not WAL_KEEPER_SUPPORTED or foreign_file_type(path) is not None:
         return False
@@ -296,10 +265,9 @@ def _journal_open_elsewhere(data_dir: str) -> bool:
 @contextlib.contextmanager
 def _exclusive(data_dir: str, found: str) -> Iterator[None]:
     """No worker has the journal open and no protected call is out; then the
-    head lock, held exclusively throughout: no reader sees the files half
-    switched, no call starts meanwhile and no other restart runs (each waits
-    for it, then is refused).  ``found``: the journal's verdict, named by
-    every refusal."""
+    head lock, held exclusively throughout (no reader sees the files half
+    switched, no call or other restart starts).  ``found``: the journal's
+    verdict, named by every refusal."""
     if _journal_open_elsewhere(data_dir):
         raise RestartRefused("workers_running", "a worker of this profile still has the journal "
                              "open; stop every worker (gateway, agents, cron jobs) first",
@@ -333,9 +301,8 @@ def _remove_leftovers(data_dir: str) -> None:
 
 
 def _remove_dead_temp_files(data_dir: str) -> None:
-    """Temporary files of an atomic replace that a killed restart left (the
-    intent, the placeholder head.json): only those of dead processes, since
-    this command does not hold the writer lock."""
+    """Temporary files of the intent's or placeholder's atomic replace that a
+    killed restart left (only dead processes': the writer lock is not held)."""
     remove_files_of_dead_processes(data_dir, DEAD_TEMP_NAME)
 
 
@@ -343,16 +310,13 @@ def restart_journal(data_dir: str, journal_class: Callable[..., Any], *, evidenc
                     operator: dict, now_ns: int,
                     audit: Callable[[dict], Optional[str]]) -> dict:
     """Replace a journal that fails verification, or finish the restart that
-    ``restart.json`` records (docs/cli.md §restart-journal).  ``audit(result)``
-    writes the operator.log line (once per restart, also across runs) and
-    returns its problem or None.  Returns ``{"found", "replaced_journal_id",
-    "last_verified_checkpoint", "unverified", "evidence_directory" (relative),
-    "moved", "carried_over" (ids), "lost_operation" (id or None),
-    "archive_anchor", "late_outcomes_unacknowledged", "checkpoint_after",
-    "resumed", "evidence", "operator"}``.  Raises :class:`RestartRefused` or
+    ``restart.json`` records.  ``audit(result)`` writes the operator.log line
+    (once per restart, also across runs) and returns its problem or None.
+    Returns the fields of docs/cli.md §restart-journal but ``unresolved``,
+    plus ``evidence`` and ``operator``.  Raises :class:`RestartRefused` or
     :class:`IntegrityError` ``restart_not_applicable`` with nothing changed,
-    :class:`JournalUnavailable` ``storage_unavailable`` for a failure of its
-    own (``found``: the journal's verdict afterwards)."""
+    :class:`JournalUnavailable` for a failure of its own (``found``: the
+    journal's verdict afterwards)."""
     # The verdict first (it only reads), so that every refusal names it.
     try:
         pending = read_intent(data_dir)

@@ -1,10 +1,7 @@
-"""The switch of ``restart-journal``, recorded (docs/format.md §Restarted
-journals): the intent ``restart.json`` and the steps it drives -- keep the old
-files in the evidence folder, place the new journal, finish -- each
-idempotent, so that whichever run (the first, or the next after a crash)
-carries a step out, it is done once; and the undo of the keeping step.
-``intent`` is the decoded ``restart.json`` (reconciliation/restart.py writes
-it)."""
+"""The switch of ``restart-journal`` (docs/format.md §Restarted journals):
+the intent ``restart.json`` (``intent``: decoded, reconciliation/restart.py
+writes it) and the steps it drives, each idempotent so that whichever run
+carries one out does it once, and the undo of the keeping step."""
 from __future__ import annotations
 
 import contextlib
@@ -48,8 +45,6 @@ class RestartRefused(Exception):
         super().__init__(message)
         self.code, self.message, self.details = code, message, details
 
-
-# ------------------------------------------------------------- the intent --
 
 def intent_path(data_dir: str) -> str:
     """Where the intent of a restart lives in ``data_dir``."""
@@ -117,9 +112,8 @@ def _recognised(path: str) -> Optional[dict]:
 
 
 def keep_unrecognised_intent(data_dir: str, intent: dict) -> None:
-    """A ``restart.json`` that is not a restart's intent (and names no staging
-    folder) goes into the new evidence folder before the new intent is
-    written in its place."""
+    """A ``restart.json`` that is not a restart's intent goes into the new
+    evidence folder before the new intent is written in its place."""
     path = intent_path(data_dir)
     if os.path.lexists(path):
         evidence = os.path.join(data_dir, intent["evidence_directory"])
@@ -127,8 +121,6 @@ def keep_unrecognised_intent(data_dir: str, intent: dict) -> None:
         os.rename(path, os.path.join(evidence, RESTART_INTENT_NAME))
         _fsync_both(evidence, data_dir)
 
-
-# ------------------------------------------------------------ the switch --
 
 def _fsync_both(first: str, second: str) -> None:
     """A rename between two directories is durable once both are fsynced."""
@@ -205,8 +197,7 @@ def finish(data_dir: str, intent: dict) -> None:
 
 def placed(data_dir: str, intent: dict) -> bool:
     """Whether the new database is in place: a database in the data
-    directory while the old one (if there was one) is in the evidence folder
-    -- the new one is placed only after every old file was moved."""
+    directory while the old one (if there was one) is in the evidence folder."""
     evidence = os.path.join(data_dir, intent["evidence_directory"])
     return os.path.lexists(os.path.join(data_dir, DATABASE_NAME)) and (
         not intent["old_database"] or os.path.lexists(os.path.join(evidence, DATABASE_NAME)))
@@ -217,8 +208,8 @@ def undo(data_dir: str, intent: dict) -> None:
     where it was, the evidence folder and staging folder gone, no intent.
     The old journal is then exactly as it was.  Raises ``OSError``."""
     evidence = os.path.join(data_dir, intent["evidence_directory"])
-    head, kept_head = os.path.join(data_dir, CHECKPOINT_NAME), os.path.join(evidence,
-                                                                           CHECKPOINT_NAME)
+    head = os.path.join(data_dir, CHECKPOINT_NAME)
+    kept_head = os.path.join(evidence, CHECKPOINT_NAME)
     for name in reversed(intent["moved"]):
         _move(name, evidence, data_dir)
     if os.path.lexists(kept_head):

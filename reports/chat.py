@@ -35,15 +35,12 @@ def chat_error(error: dict) -> dict:
 
 
 def chat_status(report: dict, prefix: Optional[Sequence[str]]) -> dict:
-    """``crash_recovery_status`` from the guard's status report: ``ok``,
-    ``integrity``, ``gate``, ``events``, ``call_running``,
-    ``resolved_calls_running`` (how many force-resolved calls still run), ``unresolved`` and
-    ``attention`` (the fields of :data:`OPERATION_FIELDS`), ``settings``,
-    ``error`` (:func:`chat_error`), ``operator_command`` (``status``),
-    ``next`` (:func:`chat_next_step`: how a person looks at what must be
-    settled; never a command that changes the journal) and ``needs_a_person``
-    (a sentence, or null), plus any other field the report carries (e.g. a
-    problem of the host)."""
+    """``crash_recovery_status`` from the guard's status report: its fields but
+    :data:`OPERATOR_ONLY`, plus ``events``, ``call_running``,
+    ``resolved_calls_running`` (a count), ``unresolved`` and ``attention``
+    (:data:`OPERATION_FIELDS`), ``error`` (:func:`chat_error`),
+    ``operator_command`` (``status``), ``next`` (:func:`chat_next_step`) and
+    ``needs_a_person`` (a sentence, or null)."""
     shown = {key: bounded(value) for key, value in report.items() if key not in OPERATOR_ONLY}
     shown["events"] = (report.get("checkpoint") or {}).get("count")
     shown["call_running"] = bool(report.get("in_flight"))
@@ -62,10 +59,9 @@ def chat_status(report: dict, prefix: Optional[Sequence[str]]) -> dict:
 
 def chat_next_step(report: dict) -> Optional[tuple]:
     """The operator's next step (:func:`status_next_step`) as a model may
-    relay it: a command that changes the journal becomes the one that shows
-    what a person must settle (``show OP``, else ``status``; ``verify`` for an
-    integrity verdict).  Only a person runs the writing commands, from their
-    own shell (docs/guard.md §What the model is told)."""
+    relay it: a command that changes the journal becomes ``show OP`` (a
+    resolution or acknowledgement) or ``verify`` (docs/guard.md §What the
+    model is told)."""
     step = status_next_step(report)
     if not step or step[0] not in WRITING_COMMANDS:
         return step

@@ -1,13 +1,11 @@
-"""What a person does next after an operator command's error: the ``hint``
-added to an error document (docs/cli.md §Output), by code and, where the
-options differ, by command.
-"""
+"""The ``hint`` added to an operator command's error document (docs/cli.md
+§Output): what a person does next, by code and, where the options differ, by
+command."""
 from __future__ import annotations
 
 from typing import Optional
 
-# The next step for a person who meets an error code (added to the error as
-# ``hint``); codes not listed need no more than their message.
+# Codes not listed need no more than their message.
 ERROR_HINTS = {
     "checkpoint_ahead": "if the host or worker crashed while writing (the usual cause), stop "
                         "every worker and run the `next` command (repair-checkpoint): it "

@@ -1,9 +1,7 @@
 """What people and models are told about operations: command lines, operation
-views, ages, blocked results and the explanations of refusals.
-
-Shared by the admission side (model-facing refusals, docs/guard.md §Blocked
-result) and the operator side (docs/cli.md), so both describe an operation the
-same way.  Pure formatting plus the owner probe; no journal writes.
+views, ages, blocked results and refusal explanations, shared by the admission
+side (docs/guard.md §Blocked result) and the operator side (docs/cli.md).
+Pure formatting plus the owner probe; no journal writes.
 """
 from __future__ import annotations
 
@@ -22,9 +20,8 @@ from ..storage.call_lock import OWNER_RUNNING, probe_owner
 
 
 BLOCKED_ERROR = "crash_recovery_blocked"
-# The operator commands that change the journal or move its files: only a
-# person runs them, and nothing a model is told names them (docs/guard.md
-# §What the model is told).
+# The operator commands that change the journal or move its files: nothing a
+# model is told names them (docs/guard.md §What the model is told).
 WRITING_COMMANDS = ("resolve", "acknowledge", "repair-checkpoint", "archive", "restart-journal")
 RECORD_FAILED_ERROR = "crash_recovery_record_failed"
 # The plugin directory is this folder's parent.
@@ -44,33 +41,32 @@ INTEGRITY_VERDICTS = frozenset((
     "archive_interrupted", "append_not_stored", "foreign_file", "restart_interrupted"))
 RESTART_STEP = ("restart-journal", "--evidence", "<what happened, what you checked>")
 SAME_AGAIN = ()
+STATUS_STEP = ("status",)
+SHOW_STEP = ("show", "<OPERATION_ID>")
 # The operator command (the words after `hermes -p PROFILE crash-recovery`) that
 # moves each state forward (docs/cli.md §Output, ``next``); () means "the same
 # command again, in a moment".
 NEXT_STEPS = {
     "checkpoint_ahead": ("repair-checkpoint", "--evidence", "<what happened, what you checked>"),
-    "unresolved_operations": ("status",), "owner_running": ("status",),
-    "unknown_operation": ("status",), "nothing_to_acknowledge": ("status",),
-    "archive_refused": ("status",), "restart_not_applicable": ("status",),
-    "operation_not_open": ("show", "<OPERATION_ID>"), "checkpoint_not_ancestor": RESTART_STEP,
+    **dict.fromkeys(("unresolved_operations", "owner_running", "unknown_operation",
+                     "nothing_to_acknowledge", "archive_refused", "restart_not_applicable",
+                     "interrupted", "ambiguous_operation_id"), STATUS_STEP),
+    "checkpoint_not_ancestor": RESTART_STEP, "workers_running": RESTART_STEP,
     "journal_changed_while_read": SAME_AGAIN, "database_locked": SAME_AGAIN,
-    "interrupted": ("status",), "ambiguous_operation_id": ("status",),
-    "workers_running": RESTART_STEP,
     # verify --checkpoint with an export of a journal a restart replaced: the
     # restart's record (its bookkeeping operation) says what became of it.
-    "checkpoint_lost_in_restart": ("show", "<OPERATION_ID>"),
-    "checkpoint_replaced_mismatch": ("show", "<OPERATION_ID>"),
-    "checkpoint_replaced_unverifiable": ("show", "<OPERATION_ID>"),
+    **dict.fromkeys(("operation_not_open", "checkpoint_lost_in_restart",
+                     "checkpoint_replaced_mismatch", "checkpoint_replaced_unverifiable"),
+                    SHOW_STEP),
 }
 
 
 def next_step(code: str, found: Optional[str] = None,
               operation_id: Optional[str] = None) -> Optional[tuple]:
     """The words of the next operator command for an error ``code``
-    (``found``: the real verdict behind ``repair_not_applicable``;
-    ``operation_id``: the operation the error names); ``()`` for "the same
-    command again"; None when the message and hint are all there is (a usage
-    error, a wrong directory)."""
+    (``found``: the real verdict behind it; ``operation_id``: the operation
+    it names); ``()`` for "the same command again"; None when the message and
+    hint are all there is (a usage error, a wrong directory)."""
     if code == "repair_not_applicable" and found:
         code = found
     if code == "storage_unavailable" and found:
@@ -78,20 +74,18 @@ def next_step(code: str, found: Optional[str] = None,
         # planted file it names) and left the journal's verdict as it was.
         return SAME_AGAIN
     if code in NEXT_STEPS:
-        words = NEXT_STEPS[code]
         return tuple(operation_id if word == "<OPERATION_ID>" and operation_id else word
-                     for word in words)
+                     for word in NEXT_STEPS[code])
     return RESTART_STEP if code in INTEGRITY_VERDICTS else None
 
 
 def next_step_of(error: dict) -> Optional[tuple]:
-    """:func:`next_step` of an error document (``code``, ``found``,
-    ``operation_id``, ``workers_running``).  ``wal_missing`` while processes
-    still have the journal open: stop them and look again (their exit folds
-    the deleted WAL's events back); with none left, restart-journal."""
+    """:func:`next_step` of an error document.  ``wal_missing`` while
+    processes still have the journal open: stop them and look again (their
+    exit folds the deleted WAL's events back)."""
     code = error.get("code") or ""
     if code == "wal_missing" and error.get("workers_running"):
-        return ("status",)
+        return STATUS_STEP
     return next_step(code, error.get("found"), error.get("operation_id"))
 
 
@@ -147,10 +141,9 @@ def standalone_prefix(data_dir: str) -> tuple:
 
 def hermes_prefix(profile: Optional[str], program: str = "hermes") -> tuple:
     """The words of ``PROGRAM [-p PROFILE] crash-recovery``: no path, no
-    interpreter (safe to show in a chat).  ``profile``: a profile name, or
-    None / ``custom`` (a HERMES_HOME outside the profiles: no ``-p``);
-    ``program``: the host's program name (``hermes``, or ``hermesx`` where
-    only that is installed), never a path."""
+    interpreter (safe to show in a chat).  ``profile``: None or ``custom`` (a
+    HERMES_HOME outside the profiles) give no ``-p``; ``program``: the host's
+    program name (``hermes``, ``hermesx``), never a path."""
     program = os.path.basename(program) or "hermes"
     # `-p default` even for the default profile: without it, a sticky
     # `hermes profile use NAME` would run the command in NAME.
@@ -174,12 +167,11 @@ def operator_command(data_dir: str, *words: str) -> str:
 
 
 def dated(view: dict) -> dict:
-    """Add ``started_at`` (ISO) to an operation's fields (``started_ns``, and
-    ``lost_window`` for one brought back for a lost event); returns ``view``.
-    An operation brought back for a lost event did not start then: its
-    ``started_at`` is null, ``recorded_at`` says when it was brought back,
-    and ``lost_after``/``lost_before``/``lost_after_source`` the window in
-    which its call, if any, happened (its session and call id are unknown)."""
+    """Add ``started_at`` (ISO) to an operation's fields; returns ``view``.
+    One brought back for a lost event (``lost_window``) did not start then:
+    ``started_at`` null, ``recorded_at`` when it was brought back, and
+    ``lost_after``/``lost_before``/``lost_after_source`` the window in which
+    its call, if any, happened (:data:`chain.WINDOW_SOURCES`)."""
     view["started_at"] = iso_utc(view["started_ns"])
     window = view.get("lost_window")
     if window:
@@ -194,20 +186,16 @@ def dated(view: dict) -> dict:
 def operation_view(operation: "Operation | dict", data_dir: str, *,
                    now_ns: Optional[int] = None, with_owner: bool = True) -> dict:
     """An operation for people: every journal field (an :class:`Operation` or
-    its ``to_json()`` dict) plus ``started_at`` (ISO 8601 UTC), ``age_seconds``
-    (float, >= 0: the distance from now, also for a start dated in the future,
-    which adds ``clock_ahead_seconds``), for an operation brought back for a
-    lost event ``started_at`` null, ``recorded_at`` (when it was brought
-    back), ``lost_after``/``lost_before`` (ISO; the window in which its call,
-    if any, happened) and ``lost_after_source`` (what dates the window's
-    start, :data:`chain.WINDOW_SOURCES`), and, with ``with_owner``,
-    ``owner`` (``running``/``gone``/``unknown``) and ``owner_pid``."""
+    its ``to_json()`` dict), the fields of :func:`dated`, ``age_seconds``
+    (float, >= 0: the distance from now; a start dated in the future adds
+    ``clock_ahead_seconds``) and, with ``with_owner``, ``owner``
+    (``running``/``gone``/``unknown``) and ``owner_pid``."""
     now_ns = time.time_ns() if now_ns is None else now_ns
     view = dict(operation) if isinstance(operation, dict) else operation.to_json()
     dated(view)
     age_ns = now_ns - view["started_ns"]
-    # A start dated in the future (the writer's clock was ahead) is no younger
-    # for that: its distance from now keeps age alerts awake.
+    # A start dated in the future (the writer's clock was ahead): its distance
+    # from now keeps age alerts awake.
     view["age_seconds"] = round(abs(age_ns) / 1e9, 3)
     if age_ns < 0:
         view["clock_ahead_seconds"] = view["age_seconds"]
@@ -226,9 +214,7 @@ WINDOW_START_WORDS = {"last_verified_event": "the last verified event",
 
 def lost_call_text(view: dict) -> str:
     """The window of an :func:`operation_view` brought back for a lost event,
-    in words: ``a call lost in a crash, if it happened, started after A (the
-    last verified event) and before B (when it was brought back); tool,
-    session and tool call unknown``."""
+    in words."""
     after = view.get("lost_after")
     start = (f"after {after} ({WINDOW_START_WORDS.get(view.get('lost_after_source'), 'recorded')})"
              if after else "at a time nothing recorded bounds")
@@ -250,11 +236,9 @@ def describe_age(seconds: float) -> str:
 
 def blocked_result(code: str, explanation: str, *, prefix: Optional[Sequence[str]],
                    operations: Iterable[dict] = ()) -> str:
-    """The refusal JSON of docs/guard.md §Blocked result: ``error`` =
-    ``crash_recovery_blocked``, ``blocked`` true, ``code``, ``explanation``,
-    ``operation_ids``, ``operations`` (tool, state, started_at, age_seconds) and
-    ``operator_command`` (null when the refusal came before the data directory
-    was known: the keys never vary)."""
+    """The refusal JSON of docs/guard.md §Blocked result (``operator_command``
+    null when the refusal came before the data directory was known: the keys
+    never vary)."""
     operations = list(operations)[:MAX_OPERATIONS_SHOWN]
     result = {
         "error": BLOCKED_ERROR,
@@ -271,8 +255,7 @@ def blocked_result(code: str, explanation: str, *, prefix: Optional[Sequence[str
 
 
 # What a refusal echoes is bounded: a tool name or id comes from the model and
-# may be a megabyte long.  Runs of characters without a space longer than
-# LONG_WORD are cut; the whole text stops at MAX_ECHO characters.
+# may be a megabyte long.
 LONG_WORD = 120
 MAX_ECHO = 4000
 MAX_OPERATIONS_SHOWN = 20
@@ -298,20 +281,16 @@ def _described(operations: list) -> str:
 
 
 def unresolved_explanation(operations: list, prefix: Optional[Sequence[str]]) -> str:
-    """Words a model relays to its user instead of retrying.  ``operations`` are
-    :func:`operation_view` dicts of the operations whose outcome is unknown.
-    They name no command that changes the journal: only a person settles an
-    operation, and the model is told how that person can look at it (``show``)."""
+    """Words a model relays to its user instead of retrying (``operations``:
+    :func:`operation_view` dicts of the unknown outcomes).  They name no
+    command that changes the journal, only how a person looks (``show``)."""
     first = operations[0]["operation_id"] if operations else None
+    named = f"operation {first}" if first else "the open operation"
     return (f"Protected tool calls are paused. An earlier call's outcome is unknown: "
             f"{_described(operations)}. It may or may not have taken effect, so repeating it "
             f"could duplicate a booking, payment or message. Do not retry, and do not try to "
             f"settle it yourself: only a person can. Tell the user that a person must check "
-            f"the real service and settle {_named(first)}; {look_at(prefix, first)}")
-
-
-def _named(operation_id: Optional[str]) -> str:
-    return f"operation {operation_id}" if operation_id else "the open operation"
+            f"the real service and settle {named}; {look_at(prefix, first)}")
 
 
 def look_at(prefix: Optional[Sequence[str]], operation_id: Optional[str]) -> str:

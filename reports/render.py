@@ -14,8 +14,6 @@ from .messages import (command_line, describe_age, first_waiting, iso_utc, lost_
 from .status import GATE_BUSY
 
 
-# ------------------------------------------------------------- terminal output --
-
 # Characters that would break a table row: newlines, tabs and other controls.
 # C1 controls (U+0080-U+009F: 8-bit CSI and friends) and bidi overrides reach a
 # terminal raw even through json.dumps(ensure_ascii=False); tool names and ids
@@ -40,9 +38,8 @@ def stdout_takes_unicode() -> bool:
 
 def json_text(document: Any, indent: Optional[int]) -> str:
     """JSON for a terminal: readable non-ASCII text, terminal controls as
-    ``\\uXXXX`` escapes (valid JSON: they can only occur inside strings); all
-    non-ASCII as escapes where stdout cannot encode it, so the document stays
-    whole and valid in any output encoding."""
+    ``\\uXXXX`` escapes (valid JSON: they occur only inside strings); all
+    non-ASCII as escapes where stdout cannot encode it."""
     return json.dumps(document, ensure_ascii=not stdout_takes_unicode(), sort_keys=True,
                       indent=indent).translate(_JSON_ESCAPES)
 
@@ -70,11 +67,21 @@ def _table(rows: list, columns: Sequence[str]) -> str:
                      for line in cells)
 
 
+def _field_cell(value: Any) -> str:
+    """A ``key: value`` line's value: nested values as JSON."""
+    return _cell(json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else value)
+
+
+def _header(result: dict) -> str:
+    checkpoint = result.get("checkpoint") or {}
+    return (f"integrity: {result.get('integrity')}   data dir: {result.get('data_dir') or ''}\n"
+            f"events: {checkpoint.get('count', 0)}   head: {checkpoint.get('head', '-')}")
+
+
 def _error_text(result: dict) -> str:
     error = result.get("error") or {}
     lines = [f"error: {error.get('code')}", f"  {_cell(error.get('message'))}"]
-    lines += [f"  {key}: {_cell(json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else value)}"
-              for key, value in sorted(error.items())
+    lines += [f"  {key}: {_field_cell(value)}" for key, value in sorted(error.items())
               if key not in ("code", "message", "hint", "next")]
     if "integrity" in result:
         lines.append(f"integrity: {result['integrity']}")
@@ -88,8 +95,9 @@ def _error_text(result: dict) -> str:
 
 
 # How a status document knows a worker runs (docs/cli.md §status, workers_running).
-_KNOWN_AS = {"running_call": "its protected call is running", "resolved_call": "it still runs a "
-             "call resolved with force", "owner": "it holds an open operation",
+_KNOWN_AS = {"running_call": "its protected call is running",
+             "resolved_call": "it still runs a call resolved with force",
+             "owner": "it holds an open operation",
              "recorded_first_call": "the last worker to start here"}
 
 
@@ -250,11 +258,8 @@ _ACTION_LINES = {
 def _action_text(command: str, result: dict) -> str:
     """One summary line, then ``key: value`` for every other field."""
     lines = [_ACTION_LINES[command](result)]
-    for key, value in sorted(result.items()):
-        if key in ("ok", "unresolved"):
-            continue
-        shown = json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else value
-        lines.append(f"  {key}: {_cell(shown)}")
+    lines += [f"  {key}: {_field_cell(value)}" for key, value in sorted(result.items())
+              if key not in ("ok", "unresolved")]
     for operation in result.get("unresolved") or []:
         lines.append(f"  open: {operation.get('operation_id')} {_cell(operation.get('tool'))} "
                      f"{operation.get('state')} {_cell(operation.get('reason'))}")
@@ -271,11 +276,8 @@ def render_text(command: str, result: dict, prefix: Optional[Sequence[str]] = No
         return _action_text(command, result)
     if command not in ("status", "show", "log"):
         return json_text(result, 2)
-    data_dir = result.get("data_dir") or ""
-    prefix = prefix or standalone_prefix(data_dir)
-    checkpoint = result.get("checkpoint") or {}
-    header = (f"integrity: {result.get('integrity')}   data dir: {data_dir}\n"
-              f"events: {checkpoint.get('count', 0)}   head: {checkpoint.get('head', '-')}")
+    prefix = prefix or standalone_prefix(result.get("data_dir") or "")
+    header = _header(result)
     if command == "status":
         if result.get("journal") == "absent":
             header += "\njournal: none yet (the profile's first protected call creates it)"
@@ -293,6 +295,7 @@ def render_text(command: str, result: dict, prefix: Optional[Sequence[str]] = No
         width = max(map(len, keys)) + 1
         lines = [f"{(key + ':').ljust(width)} {_cell(operation.get(key))}" for key in keys
                  if key in operation and not (key == "owner" and operation[key] is None)]
+        data_dir = result.get("data_dir") or ""
         return "\n".join([f"integrity: {result.get('integrity')}   data dir: {data_dir}", "",
                           *lines, "", _table(result["events"], (
                               "seq", "at", "kind", "reason", "outcome", "result_hash",
@@ -308,14 +311,10 @@ _LOG_COLUMNS = (("seq", 18), ("at", 20), ("kind", 12), ("operation_id", 36), ("t
 
 def log_text_lines(result: dict) -> Iterator[str]:
     """``log --format text`` line by line, as the events are read (constant
-    memory): the header, column titles, one line per event.  ``tool`` is shown
-    on ``started`` events; ``detail`` holds the evidence of a resolution or
-    acknowledgement and the anchor of an ``archived`` event.  With ``log
-    --all`` a seq is written ``<journal id prefix>:<seq>`` (each segment
-    counts from 1)."""
-    checkpoint = result.get("checkpoint") or {}
-    yield (f"integrity: {result.get('integrity')}   data dir: {result.get('data_dir') or ''}\n"
-           f"events: {checkpoint.get('count', 0)}   head: {checkpoint.get('head', '-')}")
+    memory): the header, column titles, one line per event (``detail``: the
+    evidence of a resolution or acknowledgement, an ``archived`` event's
+    anchor; with ``--all`` a seq reads ``<journal id prefix>:<seq>``)."""
+    yield _header(result)
 
     def line(cells: Sequence[str]) -> str:
         padded = []
@@ -332,7 +331,6 @@ def log_text_lines(result: dict) -> Iterator[str]:
                   if isinstance(anchor, dict) else event.get("evidence"))
         segment = event.get("journal_id")
         seq = f"{segment[:8]}:{event.get('seq')}" if isinstance(segment, str) else event.get("seq")
-        yield line([_cell(seq), _cell(iso_utc(event["timestamp_ns"])),
-                    _cell(event.get("kind")), _cell(event.get("operation_id")),
-                    _cell(event.get("tool")), _cell(event.get("reason")),
-                    _cell(event.get("outcome")), _cell(detail)])
+        yield line([_cell(value) for value in (
+            seq, iso_utc(event["timestamp_ns"]), event.get("kind"), event.get("operation_id"),
+            event.get("tool"), event.get("reason"), event.get("outcome"), detail)])

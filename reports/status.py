@@ -26,10 +26,9 @@ OWNER_POLL_SECONDS = 0.01
 
 
 def gate_of(ok: bool, unresolved: list, in_flight: Optional[dict]) -> str:
-    """``closed`` (an integrity failure, or an outcome nobody knows: an open
-    operation whose worker is not running it), ``busy`` (a call is running
-    now: its worker holds its call lock) or ``open``.  ``unresolved``:
-    :func:`operation_view` dicts."""
+    """``closed`` (an integrity failure, or an open operation whose worker is
+    not running it), ``busy`` (a call is running now) or ``open``.
+    ``unresolved``: :func:`operation_view` dicts."""
     if not ok or any(operation_waits_for_a_person(view) for view in unresolved):
         return GATE_CLOSED
     return GATE_BUSY if unresolved or in_flight else GATE_OPEN
@@ -37,16 +36,12 @@ def gate_of(ok: bool, unresolved: list, in_flight: Optional[dict]) -> str:
 
 def settled_views(operations: Sequence[Any], read_open: Callable[[], Sequence[Any]],
                   data_dir: str, *, now_ns: Optional[int] = None) -> list:
-    """:func:`operation_view` of the open operations, read so that a call that
-    is running or has just finished is never shown as waiting for a person.
-
-    A worker holds its call lock from before its ``started`` until after its
-    outcome is committed.  So a ``pending`` operation whose owner probe says
-    it is not running is read again from the journal (``read_open()``, after
-    the probe): still pending there, its worker let go without an outcome
-    (it died); gone, it finished normally and is left out.  An operation that
-    appears in the re-read is probed in turn.  ``operations``: the first read
-    (:class:`Operation` or dicts); ``read_open`` may raise (the caller's errors)."""
+    """:func:`operation_view` of the open operations (``operations``: the first
+    read, :class:`Operation` or dicts), read so that a call running or just
+    finished is never shown as waiting for a person.  A worker holds its call
+    lock until its outcome is committed, so a ``pending`` operation whose
+    owner is not running is read again (``read_open()``, which may raise):
+    still pending, its worker died; gone, it finished and is left out."""
     confirmed: set = set()
     views: list = []
     for _ in range(SETTLE_ATTEMPTS):
@@ -65,17 +60,12 @@ def settled_views(operations: Sequence[Any], read_open: Callable[[], Sequence[An
 
 
 def status_report(journal: Any, data_dir: str, *, now_ns: Optional[int] = None) -> dict:
-    """Verified status (docs/guard.md §Inspection tools, docs/cli.md §status).
-
+    """Verified status (docs/cli.md §status, docs/guard.md §Inspection tools):
     ``{"ok", "integrity": "ok" | code, "data_dir", "gate", "checkpoint",
     "unresolved": [operation_view...], "attention": [...], "in_flight",
-    "resolved_running": [{"operation_id", "pid", "process_start"}...]}``, plus
-    ``"error": {code, message, ...}`` when not ok.  Open operations are read
-    with :func:`settled_views`; ``in_flight`` is the running call of an open
-    operation (its call lock, storage/call_lock.py), ``resolved_running`` the
-    calls an operator resolved (``resolve --force``) whose worker still runs
-    them.  Never raises :class:`JournalError`.
-    """
+    "resolved_running": [...]}``, plus ``"error"`` when not ok.  Open
+    operations are read with :func:`settled_views`.  Never raises
+    :class:`JournalError`."""
     held = held_calls(data_dir)
     in_flight = None
     latest: list = []
@@ -113,10 +103,9 @@ def status_report(journal: Any, data_dir: str, *, now_ns: Optional[int] = None) 
 
 def stuck_writer(database_path: str, wait_seconds: float) -> Optional[int]:
     """The pid of a process holding SQLite's writer lock on the journal for
-    ``wait_seconds`` (the busy timeout: a protected call waiting that long is
-    refused ``database_locked``) with no commit meanwhile; None when nobody
-    holds it that long, when writers make progress, or where nobody can tell
-    (storage/lock_holders.py).  Polls every :data:`OWNER_POLL_SECONDS`."""
+    ``wait_seconds`` (the busy timeout) with no commit meanwhile; None when
+    nobody does, writers make progress, or nobody can tell
+    (storage/lock_holders.py)."""
     holders = wal_writer_pids(database_path)
     if not holders:
         return None
@@ -136,9 +125,9 @@ def stuck_writer(database_path: str, wait_seconds: float) -> Optional[int]:
 
 def absent_journal_status(data_dir: str) -> dict:
     """``status`` of a Hermes profile whose first protected call has not come
-    yet (docs/cli.md §status): no journal, nothing to settle, the gate open.
-    Only where the data directory comes from the profile, never from a typed
-    ``--data-dir`` (a typo there stays ``journal_absent``)."""
+    yet (docs/cli.md §status): no journal, the gate open.  Only for the
+    profile's own data directory (a typed ``--data-dir`` stays
+    ``journal_absent``)."""
     return {"ok": True, "integrity": "ok", "data_dir": data_dir, "journal": "absent",
             "gate": GATE_OPEN, "checkpoint": None, "unresolved": [], "attention": [],
             "in_flight": None}
@@ -146,9 +135,8 @@ def absent_journal_status(data_dir: str) -> dict:
 
 def note_platform_problem(result: dict, data_dir: str) -> dict:
     """Add ``platform_problem`` to a ``status`` document and close its gate
-    where this platform cannot give the journal's guarantees: the guard then
-    refuses every protected call (docs/guard.md §Platforms), and every
-    surface says so.  Returns ``result``."""
+    where this platform cannot give the journal's guarantees (docs/guard.md
+    §Platforms).  Returns ``result``."""
     problem = platform_problem(data_dir)
     if problem is not None:
         result["platform_problem"] = problem
@@ -161,14 +149,9 @@ CHECK_OK, CHECK_ERROR, CHECK_NEEDS_A_PERSON = 0, 1, 3
 
 
 def check_reasons(result: dict) -> list:
-    """Why ``status --check`` does not exit 0 for a ``status`` document
-    (docs/cli.md §status, the ``check`` field): ``[{"code", "message"}]``,
-    [] when nothing needs a person.  The codes: the error's (an integrity
-    verdict, ``journal_absent``, ...), ``guard_poisoned`` and
-    ``isolation_unsupported`` (a worker's own report), ``platform_unsupported``,
-    ``unresolved_operations``, ``late_outcome`` (one per operation),
-    ``settings_problem`` and ``unmatched_tools``.  Every surface (the text
-    status, ``/crash-recovery``, the dashboard) shows these same sentences."""
+    """Why ``status --check`` does not exit 0 for a ``status`` document:
+    ``[{"code", "message"}]``, [] when nothing needs a person (the codes:
+    docs/cli.md §status, ``check``).  Every surface shows these sentences."""
     reasons = []
     error = result.get("error") or {}
     if error.get("code"):
@@ -210,10 +193,9 @@ def check_reasons(result: dict) -> list:
 
 
 def check_view(result: dict) -> dict:
-    """The ``check`` field of a ``status`` document: ``{"exit_code": 0 | 1 |
-    3, "reasons": check_reasons(result)}`` -- 1 when the command failed (the
-    journal cannot be used, or this worker refuses by itself), 3 when it
-    verified but something needs a person, else 0."""
+    """The ``check`` field of a ``status`` document: ``{"exit_code", "reasons":
+    check_reasons(result)}``; the exit code 1 when the command failed, 3 when
+    it verified but something needs a person, else 0."""
     reasons = check_reasons(result)
     exit_code = (CHECK_ERROR if not result.get("ok") else
                  CHECK_NEEDS_A_PERSON if reasons else CHECK_OK)
