@@ -30,9 +30,10 @@ ERROR_HINTS = {
                            "every worker and run the `next` command (restart-journal): it keeps "
                            "the broken files as evidence and every operation that may have run "
                            "open",
-    "wal_missing": "the journal's write-ahead log (journal.sqlite3-wal) was deleted. While a "
-                   "worker still has the journal open (workers_running), it holds the deleted "
-                   "log's events, and they return to the database when it exits: stop every "
+    "wal_missing": "the journal's write-ahead log (journal.sqlite3-wal), or its index "
+                   "(journal.sqlite3-shm), was deleted. While a worker still has the journal "
+                   "open (workers_running), it holds the deleted log's events, and they return "
+                   "to the database when it exits (a lost index is rebuilt): stop every "
                    "worker of the profile, then run status again. With no worker left, run the "
                    "`next` command (restart-journal): it keeps the remaining files as evidence "
                    "and every operation that may have run open",

@@ -65,15 +65,22 @@ def translate_sqlite_error(exc: sqlite3.Error, action: str) -> JournalError:
     return JournalUnavailable("database_error", f"{action}: {type(exc).__name__}: {text}")
 
 
-def wal_missing_verdict(database_path: str, what: str) -> IntegrityError:
+def wal_missing_verdict(database_path: str, what: str, *, index: bool = False) -> IntegrityError:
     """The ``wal_missing`` verdict (docs/cli.md §Verdict codes): ``what``
     happened, and who still has the journal open (``workers_running``: pids,
     [] for none, None where unknown).  While one of them lives, its connection
     holds the deleted WAL's events and its exit folds them back; with none
-    left, events committed to that WAL are lost."""
+    left, events committed to that WAL are lost.  ``index``: the ``-shm`` was
+    lost instead, the WAL is in place: once none has the journal open, SQLite
+    rebuilds the index from it."""
     pids = lock_holders.connected_pids(database_path, wal_keeper.SHARED_FIRST,
                                        wal_keeper.SHARED_FIRST + wal_keeper.SHARED_SIZE - 1)
-    if pids:
+    if index and pids:
+        after = (f"; process(es) {', '.join(map(str, pids))} still have the journal open, not "
+                 "all through one index, so they no longer exclude each other. Stop every "
+                 "worker of the profile, then look again: the WAL is in place, and SQLite "
+                 "rebuilds its index from it once no process has the journal open")
+    elif pids:
         after = (f"; process(es) {', '.join(map(str, pids))} still have the journal open: "
                  "while one runs, it holds the events of the deleted WAL, and they return to "
                  "the database when it exits. Stop every worker of the profile, then look again")
@@ -116,8 +123,10 @@ class Database:
         self._pid = forksafe.current_pid()
         self._keeper: Optional[wal_keeper.WalKeeper] = None
         self._file_identity: Optional[tuple] = None
-        # (device, inode) of the WAL this connection writes to; see check_wal.
+        # (device, inode) of the WAL this connection writes to, and of the -shm
+        # (the WAL's index, where SQLite keeps its WAL locks); see check_wal.
         self._wal_identity: Optional[tuple] = None
+        self._shm_identity: Optional[tuple] = None
         # (database, WAL) file states after this connection's last transaction.
         self._files_seen: Optional[tuple] = None
 
@@ -129,7 +138,7 @@ class Database:
         if self.connection is not None:
             forksafe.abandon(self.connection)
         self.connection, self._keeper = None, None
-        self._files_seen = self._wal_identity = None
+        self._files_seen = self._wal_identity = self._shm_identity = None
         self._pid = os.getpid()
 
     # --------------------------------------------------------- opening --
@@ -204,8 +213,8 @@ class Database:
                         f"SQLite answered journal_mode={mode!r} instead of 'wal' in "
                         f"{self.data_dir}; the journal needs WAL (a local filesystem)")
                 connection.execute("PRAGMA synchronous=FULL")
-                wal = file_state(self.path + WAL_SUFFIX)
-                self._wal_identity = None if wal is None else wal[:2]
+                self._remember_wal(file_state(self.path + WAL_SUFFIX),
+                                   file_state(self.path + SHM_SUFFIX))
             identity = os.stat(self.path)
         except sqlite3.Error as exc:
             self._release(connection, fold=False)
@@ -326,7 +335,7 @@ class Database:
         """Close the connection (idempotent).  ``fold``: see :meth:`_release`."""
         self._drop_if_forked()
         self._files_seen = None
-        self._wal_identity = None
+        self._wal_identity = self._shm_identity = None
         connection, self.connection = self.connection, None
         self._release(connection, fold=fold)
 
@@ -417,30 +426,65 @@ class Database:
             return FILES_CHECKPOINTED
         return FILES_CHANGED
 
+    def _remember_wal(self, wal: Optional[tuple], shm: Optional[tuple]) -> None:
+        """The first look at the WAL and ``-shm`` of a read-write connection."""
+        self._wal_identity = None if wal is None else wal[:2]
+        self._shm_identity = None if shm is None else shm[:2]
+
     def check_wal(self, sample: Optional[tuple] = None) -> None:
         """Refuse to write when the file at ``journal.sqlite3-wal`` is not the WAL
-        this connection writes to (``wal_missing``); ``sample``: a
-        :meth:`files_now` just taken (else the WAL is looked at here).
+        this connection writes to, or the one at ``journal.sqlite3-shm`` not the
+        index it uses (``wal_missing``); ``sample``: a :meth:`files_now` just
+        taken (else the WAL is looked at here; the ``-shm`` always is).
 
         SQLite removes or replaces a WAL only when the last connection closes;
         while this one is open that happens only if this process lost its POSIX
         locks (another descriptor of the database was closed, docs/guard.md
         §Child processes and in-process code) or someone deleted the file.
-        Commits would then land in a file nobody can read back.
+        Commits would then land in a file nobody can read back.  A new ``-shm``
+        is a second index of the same WAL: SQLite's WAL locks live in it, so
+        connections through the two neither see each other's commits nor
+        exclude each other as writers.
         """
-        wal = file_state(self.path + WAL_SUFFIX) if sample is None else sample[1]
+        try:
+            wal = file_state(self.path + WAL_SUFFIX) if sample is None else sample[1]
+            shm = file_state(self.path + SHM_SUFFIX)
+        except OSError as exc:
+            raise storage_error(exc, "checking the journal's files") from None
         if self._wal_identity is None:
-            self._wal_identity = None if wal is None else wal[:2]
+            self._remember_wal(wal, shm)
             return
         if wal is None or wal[:2] != self._wal_identity:
             raise wal_missing_verdict(self.path, f"{DATABASE_NAME}{WAL_SUFFIX} was deleted or "
                                       "replaced while this worker had the journal open")
+        if self._shm_identity is None:
+            self._shm_identity = None if shm is None else shm[:2]
+        elif shm is None or shm[:2] != self._shm_identity:
+            raise wal_missing_verdict(self.path, f"{DATABASE_NAME}{SHM_SUFFIX} (the WAL's "
+                                      "index) was deleted or replaced while this worker had "
+                                      "the journal open", index=True)
 
-    def own_wal_deleted(self) -> bool:
-        """Whether the WAL this read-write connection writes to was deleted
-        (nothing at its name now): the connection still holds it whole, and
-        closing it folds its events back into the database."""
-        return self._wal_identity is not None and not os.path.lexists(self.path + WAL_SUFFIX)
+    def may_fold(self, healthy: bool) -> bool:
+        """Whether closing may let SQLite fold the WAL into the database and
+        delete it (docs/format.md §Files); ``healthy``: the journal was last
+        seen healthy.  Our WAL deleted or replaced: only when nothing is at
+        its name or an empty file (nothing of anyone's is lost when the close
+        removes it by name), since this connection holds that WAL whole and
+        its index describes it.  Our WAL in place but our ``-shm`` not: never
+        (this index is stale against a WAL others may have appended to).
+        Else ``healthy``.  Never raises."""
+        if self._wal_identity is None:  # no WAL seen by a read-write connection
+            return healthy
+        try:
+            wal = file_state(self.path + WAL_SUFFIX)
+            shm = file_state(self.path + SHM_SUFFIX)
+        except OSError:
+            return False
+        if wal is None or wal[:2] != self._wal_identity:
+            return wal is None or wal[2] == 0
+        if self._shm_identity is not None and (shm is None or shm[:2] != self._shm_identity):
+            return False
+        return healthy
 
     def read_failure(self, exc: sqlite3.Error, action: str) -> JournalError:
         """:func:`translate_sqlite_error`, except that a read-only reader that
@@ -529,6 +573,6 @@ def close_dropped(locks: list, database: Database) -> None:
         database.close(fold=False)
     elif lock.acquire(blocking=False):
         try:
-            database.close(fold=database.own_wal_deleted())
+            database.close(fold=database.may_fold(False))
         finally:
             lock.release()

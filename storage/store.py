@@ -105,11 +105,11 @@ class JournalStore(VerifiedSnapshots):
 
     def close(self) -> None:
         """Close the connection (idempotent).  SQLite may fold the WAL into the
-        database only when this journal was last seen healthy, or when its WAL
-        was deleted while this connection still held it (folding then brings
-        its events back); otherwise every file is left as found."""
+        database only as :meth:`Database.may_fold` allows (a journal last seen
+        healthy, or this connection's WAL deleted while it held it: folding then
+        brings its events back); otherwise every file is left as found."""
         with self.lock:
-            self.database.close(fold=self.healthy or self.database.own_wal_deleted())
+            self.database.close(fold=self.database.may_fold(self.healthy))
             self.files.forget()
             self.forget()
 

@@ -28,6 +28,7 @@ from support import TESTS, run_cli
 #   call NAME   -- a protected call whose tool appends NAME to the service file
 #   sniff       -- another component reads 100 bytes of journal.sqlite3 (plain open/close)
 #   hook_sniff  -- the next append does the sniff right after replacing head.json
+#   close       -- guard.close() (at the end of stdin the worker exits without it)
 LIVE_WORKER = textwrap.dedent("""
     import json, os, sys
     sys.path.insert(0, {tests!r})
@@ -54,6 +55,9 @@ LIVE_WORKER = textwrap.dedent("""
                     sys.stdin.readline()  # wait until another process closed the journal
             durable.set_boundary_hook(hook)
             print(json.dumps({{"armed": True}}), flush=True)
+        elif word == "close":
+            guard.close()
+            print(json.dumps({{"closed": True}}), flush=True)
         elif word == "call":
             def tool(name=name):
                 with open(service, "a") as stream:
