@@ -103,7 +103,7 @@ stats.py, product.py (loading the product, protected calls, lock holds),
 floor.py (the floor, fsync counting), os_calls.py (counting os calls by
 file), overhead.py, verification.py, cli_costs.py, workers.py (fresh
 processes, warm workers, the gate under a held lock), busy_workers.py,
-first_call_vs_verify.py, side_by_side.py and peers.py, lock_mechanisms.py,
+first_call_vs_verify.py (with first_call_probe.py), side_by_side.py and peers.py, lock_mechanisms.py,
 runtime_lines.py, archive_costs.py, archive_scale.py and targets.py
 (targets, tables).  bulk_journal.py builds the journals.
 """
