@@ -21,7 +21,7 @@ from ..storage.durable import (TEMP_SUFFIX, make_durable_directories, process_al
                                read_regular_file, remove_files_of_dead_processes,
                                write_atomically)
 from ..storage.errors import JournalError
-from ..storage.call_lock import process_start_time
+from ..storage.call_lock import process_start_ticks, process_start_time
 from ..storage.log_lines import plugin_logger
 from ..storage.record import canonical_text
 from .settings import Settings, settings_view, tool_names_view, with_attention
@@ -41,7 +41,7 @@ def record_first_call(data_dir: Any, registered: Optional[Callable[[], Any]],
                       settings: Settings) -> None:
     """Write ``registered_tools.json``: ``{"tool_names": [...] (sorted),
     "settings": the enforced settings view, "recorded_at" (ISO UTC),
-    "recorded_ns", "pid", "process_start"}``.  ``data_dir``: the directory or a
+    "recorded_ns", "pid", "process_start", "process_start_ticks"}``.  ``data_dir``: the directory or a
     callable giving it (created when needed); nothing is written when
     ``registered()`` knows no names.  Never raises (a failure is logged at DEBUG)."""
     try:
@@ -56,8 +56,8 @@ def record_first_call(data_dir: Any, registered: Optional[Callable[[], Any]],
         now_ns = time.time_ns()
         content = canonical_text({"tool_names": names, "settings": view,
                                   "recorded_at": iso_utc(now_ns), "recorded_ns": now_ns,
-                                  "pid": os.getpid(),
-                                  "process_start": process_start_time()}) + "\n"
+                                  "pid": os.getpid(), "process_start": process_start_time(),
+                                  "process_start_ticks": process_start_ticks(os.getpid())}) + "\n"
         make_durable_directories(directory)
         remove_files_of_dead_processes(directory, _LEFTOVER_TEMP)  # a crash mid-write
         write_atomically(os.path.join(directory, RECORD_NAME), content.encode("utf-8"))
@@ -87,7 +87,8 @@ def read_record(data_dir: str) -> Optional[dict]:
             "recorded_at": record.get("recorded_at") if isinstance(
                 record.get("recorded_at"), str) else None,
             "pid": record.get("pid") if isinstance(record.get("pid"), int) else None,
-            "process_start": record.get("process_start")}
+            "process_start": record.get("process_start"),
+            "process_start_ticks": record.get("process_start_ticks")}
 
 
 def operator_settings_view(settings: Optional[Callable[[], Any]], data_dir: str,
@@ -121,6 +122,24 @@ def operator_settings_view(settings: Optional[Callable[[], Any]], data_dir: str,
     return view
 
 
+# Seconds a process's start time (boot time + ticks) may move with the wall
+# clock between two reads (a VM's clock is stepped and slewed); a later boot's
+# process with the same pid and ticks differs by far more.
+_START_TIME_DRIFT_SECONDS = 300
+
+
+def _same_process(record: dict) -> bool:
+    """Whether the record's pid is still the process that wrote it, not a
+    reused pid: the same start in clock ticks after boot and about the same
+    start time (an older record without ticks: exactly the same start time)."""
+    recorded, now = record["process_start"], process_start_time(record["pid"])
+    ticks = record["process_start_ticks"]
+    if not isinstance(ticks, int):
+        return recorded in (None, now)
+    return (process_start_ticks(record["pid"]) == ticks and isinstance(recorded, (int, float))
+            and now is not None and abs(recorded - now) <= _START_TIME_DRIFT_SECONDS)
+
+
 def workers_running(document: dict, data_dir: str) -> list:
     """``[{"pid", "known_as"}]``, each pid once: the live workers a ``status``
     document and the record show, ``known_as`` ``running_call``,
@@ -132,8 +151,8 @@ def workers_running(document: dict, data_dir: str) -> list:
     candidates += [(view.get("owner_pid"), "owner") for view in document.get("unresolved") or []]
     record = read_record(data_dir)
     if record is not None and isinstance(record["pid"], int) and process_alive(record["pid"]) \
-            and record["process_start"] in (None, process_start_time(record["pid"])):
-        candidates.append((record["pid"], "recorded_first_call"))  # the same process, not a reused pid
+            and _same_process(record):
+        candidates.append((record["pid"], "recorded_first_call"))
     for pid, known_as in candidates:
         if isinstance(pid, int) and pid > 0 and pid not in found:
             found[pid] = {"pid": pid, "known_as": known_as}

@@ -70,13 +70,25 @@ def process_start_time(pid: Optional[int] = None) -> Optional[float]:
         started = process_start_time(os.getpid())
         _OWN_START = (os.getpid(), started)
         return started
+    ticks = process_start_ticks(pid)
     try:
-        with open(f"/proc/{pid}/stat", "rb") as stream:
-            fields = stream.read().rsplit(b")", 1)[1].split()
         with open("/proc/stat", "rb") as stream:
             boot = next(int(line.split()[1]) for line in stream if line.startswith(b"btime"))
-        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+        return None if ticks is None else boot + ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError, ValueError, StopIteration):
+        return None
+
+
+def process_start_ticks(pid: int) -> Optional[int]:
+    """Clock ticks after boot at which process ``pid`` started (Linux), else
+    None.  What tells one process from a later one with its pid: unlike
+    :func:`process_start_time` it never moves (the kernel's boot time in
+    seconds since the epoch follows the wall clock, which a VM's clock
+    adjustments move by seconds)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stream:
+            return int(stream.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
         return None
 
 

@@ -270,6 +270,23 @@ class WorkersKnownToRun(ProfileCase):
         self.assertEqual(self.guard.tool_execution("send_payment", {"cents": 1}, lambda: "paid"),
                          "paid")
 
+    def test_the_recorded_worker_is_told_from_a_reused_pid_by_its_start_in_ticks(self):
+        """The boot time in seconds since the epoch follows the wall clock (a VM's
+        moves it by seconds): a worker whose recorded start time no longer matches
+        is still named; one whose start in ticks after boot differs is not."""
+        path = os.path.join(self.data_dir, "registered_tools.json")
+        with open(path) as stream:
+            record = json.load(stream)
+        listed = {}
+        for name, change in (("wall clock moved", {"process_start": record["process_start"] + 1}),
+                             ("pid reused", {"process_start_ticks": record["process_start_ticks"] + 1})):
+            with open(path, "w") as stream:
+                json.dump({**record, **change}, stream)
+            listed[name] = run_cli(self.data_dir, "status")[1]["workers_running"]
+        self.assertEqual(listed, {"wall clock moved": [{"pid": os.getpid(),
+                                                        "known_as": "recorded_first_call"}],
+                                  "pid reused": []})
+
     def test_the_worker_that_recorded_its_first_call_is_named(self):
         document = run_cli(self.data_dir, "status")[1]
         self.assertEqual(document["workers_running"],
