@@ -207,6 +207,9 @@ class RaceRun(check_host.HostRun):
     probe (forced_rediscovery) and crash-recovery."""
 
     CHILD_SCRIPT = str(Path(__file__).resolve())
+    # A session that waits for the host's discovery (0.22 joins it for up to
+    # 30 s) took over 120 s on a loaded 3.14 lane: as long as the agent checks.
+    scenario_timeout = 300.0
 
     def run_step(self, label: str, *plugins: str) -> None:
         home = self.user_profile(label)
