@@ -279,10 +279,10 @@ class Journal:
         with self._store.writing("started", give_up=self._refuse_open) as chain:
             self._refuse_open(chain)
             if call_lock is not None:
-                check_calls_directory(self.data_dir)
                 try:
                     call_lock.acquire()
                 except OSError as exc:
+                    check_calls_directory(self.data_dir)  # the status surfaces' own words
                     raise storage_error(exc, "making the call's lock") from None
             self._store.append(chain, {"kind": "started", "operation_id": operation_id,
                                        "tool": tool, "fingerprint": fingerprint,

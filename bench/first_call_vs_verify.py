@@ -23,21 +23,15 @@ from typing import Any, Dict, List
 from cli_costs import cli_command
 from product import BENCH_DIR, REPOSITORY_ROOT, TOOL_ARGS, TOOL_NAME, current_count
 from stats import ratio
+from workers import first_call_sample
 
 PROBE = os.path.join(BENCH_DIR, "first_call_probe.py")
 
 
 def first_call_process(data_dir: str) -> Dict[str, Any]:
     """One first_call_probe.py process: its timings and ``process_seconds``."""
-    began = time.perf_counter()
-    completed = subprocess.run([sys.executable, PROBE, data_dir, TOOL_NAME, json.dumps(TOOL_ARGS)],
-                               capture_output=True, text=True, cwd=REPOSITORY_ROOT, timeout=600)
-    seconds = time.perf_counter() - began
-    if completed.returncode != 0:
-        raise RuntimeError(f"first-call probe failed: {completed.stderr[-2000:]}")
-    sample = json.loads(completed.stdout.strip().splitlines()[-1])
-    sample["process_seconds"] = round(seconds, 4)
-    return sample
+    return first_call_sample(data_dir, [sys.executable, PROBE, data_dir, TOOL_NAME,
+                                        json.dumps(TOOL_ARGS)])
 
 
 def verify_sample(data_dir: str) -> float:

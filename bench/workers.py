@@ -58,11 +58,14 @@ def probe_first_call(data_dir: str) -> Dict[str, Any]:
             "second_call_seconds": round(second, 4), "events_before": events_before}
 
 
-def first_call_sample(data_dir: str) -> Dict[str, Any]:
-    """One fresh process making its first protected call on ``data_dir``."""
+def first_call_sample(data_dir: str, command: Optional[List[str]] = None) -> Dict[str, Any]:
+    """One fresh process making its first protected call on ``data_dir``
+    (``command``: another probe's, e.g. first_call_probe.py); its JSON line
+    plus ``process_seconds``."""
     began = time.perf_counter()
-    completed = subprocess.run([sys.executable, BENCH_SCRIPT, "--probe-first-call", data_dir],
-                               capture_output=True, text=True, cwd=REPOSITORY_ROOT, timeout=600)
+    command = command or [sys.executable, BENCH_SCRIPT, "--probe-first-call", data_dir]
+    completed = subprocess.run(command, capture_output=True, text=True, cwd=REPOSITORY_ROOT,
+                               timeout=600)
     wall = time.perf_counter() - began
     if completed.returncode != 0:
         raise RuntimeError(f"first-call probe failed: {completed.stderr[-2000:]}")
