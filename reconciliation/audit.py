@@ -12,7 +12,7 @@ import time
 from typing import Any, Optional
 
 from ..reports.messages import iso_utc
-from ..storage.durable import fsync_directory, open_regular_file, read_regular_file
+from ..storage.durable import fsync_directory, open_regular_file
 from ..storage.record import canonical_text
 from .caller import Caller, os_identity, this_process
 
@@ -47,12 +47,12 @@ def append_operator_log(data_dir: str, entry: dict) -> Optional[str]:
 
 
 def read_operator_log(data_dir: str) -> list:
-    """Past operator actions (dicts), oldest first; unreadable lines are
-    reported as ``{"unreadable_line": N}``."""
+    """Past operator actions (dicts), oldest first: the newest
+    ``OPERATOR_LOG_MAX_LINES`` of the log's last ``OPERATOR_LOG_MAX_BYTES``;
+    a line that is not a JSON object is reported as ``{"unreadable_line": N}``."""
     path = os.path.join(data_dir, OPERATOR_LOG_NAME)
     try:
-        lines = read_regular_file(path, OPERATOR_LOG_MAX_BYTES).splitlines()
-        lines = lines[-OPERATOR_LOG_MAX_LINES:]
+        lines = _log_tail(path).splitlines()[-OPERATOR_LOG_MAX_LINES:]
     except FileNotFoundError:
         return []
     except OSError as exc:
@@ -60,10 +60,23 @@ def read_operator_log(data_dir: str) -> list:
     entries = []
     for number, line in enumerate(lines, start=1):
         try:
-            entries.append(json.loads(line))
-        except ValueError:
-            entries.append({"unreadable_line": number})
+            entry = json.loads(line)
+        except (ValueError, RecursionError):
+            entry = None
+        entries.append(entry if isinstance(entry, dict) else {"unreadable_line": number})
     return entries
+
+
+def _log_tail(path: str) -> bytes:
+    """The whole lines in the last ``OPERATOR_LOG_MAX_BYTES`` of the log (its
+    newest actions: a restart's line must be found however long the log)."""
+    descriptor = open_regular_file(path, os.O_RDONLY)
+    try:
+        start = max(0, os.fstat(descriptor).st_size - OPERATOR_LOG_MAX_BYTES)
+        text = os.pread(descriptor, OPERATOR_LOG_MAX_BYTES, start)
+    finally:
+        os.close(descriptor)
+    return text if start == 0 else text.partition(b"\n")[2]
 
 
 def command_caller(args: argparse.Namespace) -> Caller:

@@ -408,5 +408,39 @@ class InterruptedOutput(DamagedJournal):
         self.assertCarriedOver(self.data_dir, operation)
 
 
+class OddOperatorLog(DamagedJournal):
+    """operator.log holding lines that are not actions, or longer than the
+    part of it that is read: every command still reads the newest actions."""
+
+    def test_lines_that_are_not_objects_stop_neither_verify_nor_a_restart(self):
+        operation = self.damage(self.data_dir)
+        with open(os.path.join(self.data_dir, "operator.log"), "w", encoding="utf-8") as stream:
+            stream.write("1\n" + "[" * 100000 + "\n" + '"notes"\n')
+        code, restarted, stdout = run_cli(self.data_dir, "restart-journal", "--evidence", EVIDENCE)
+        self.assertEqual((code, restarted["resumed"]), (0, False), stdout)
+        self.assertCarriedOver(self.data_dir, operation)
+        code, verified, stdout = run_cli(self.data_dir, "verify")
+        self.assertEqual((code, verified["integrity"], verified["repairs"]), (0, "ok", []), stdout)
+        with open(os.path.join(self.data_dir, "operator.log"), encoding="utf-8") as stream:
+            lines = stream.read().splitlines()
+        self.assertEqual(len(lines), 4)
+        self.assertEqual(json.loads(lines[-1])["action"], "restart-journal")
+
+    def test_the_newest_repair_is_listed_however_long_the_log(self):
+        service = os.path.join(self.root, "service.sqlite3")
+        subprocess.run([sys.executable, WORKER, "call", self.data_dir, service,
+                        "--kill", "checkpoint_replaced:started"], capture_output=True, timeout=60)
+        line = json.dumps({"action": "resolve", "pad": "x" * 1000}) + "\n"
+        with open(os.path.join(self.data_dir, "operator.log"), "w", encoding="utf-8") as stream:
+            stream.write(line * (17 * 1024))  # more than the 16 MiB that are read
+        code, repaired, stdout = run_cli(self.data_dir, "repair-checkpoint", "--evidence", EVIDENCE)
+        self.assertEqual(code, 0, stdout)
+        code, verified, stdout = run_cli(self.data_dir, "verify")
+        self.assertEqual(code, 0, stdout)
+        self.assertEqual([(entry["action"], entry["lost_operation"])
+                          for entry in verified["repairs"]],
+                         [("repair-checkpoint", repaired["lost_operation"])])
+
+
 if __name__ == "__main__":
     unittest.main()
