@@ -26,6 +26,9 @@ KNOWN_KEYS = ("read_only_tools", "protected_tools", "allowed_while_closed", "ful
               "full_verification_interval", "archive_after_events", "busy_timeout")
 # Tool Search's catalog reads (admission/bridge.py): they run whatever the gate says.
 CATALOG_TOOLS = ("tool_search", "tool_describe")
+# SQLite's busy timeout is a 32-bit count of milliseconds: a longer one reads as
+# no wait at all, or does not convert.
+MAX_BUSY_TIMEOUT_SECONDS = (2**31 - 1) // 1000
 # Hermes' own read-only built-ins, the ones that cannot run a command, write a
 # file or start an agent: its parallel-safe list (agent/tool_dispatch_helpers.py,
 # _PARALLEL_SAFE_TOOLS) and the no-effect list of its interrupted-call cleanup
@@ -249,7 +252,7 @@ def _parse(raw: Any) -> Settings:
                 "full_verification_interval"),
             archive_after_events=_count(raw.get("archive_after_events"), "archive_after_events"),
             busy_timeout=_seconds(raw.get("busy_timeout", DEFAULT_BUSY_TIMEOUT_SECONDS),
-                                  "busy_timeout"),
+                                  "busy_timeout", most=MAX_BUSY_TIMEOUT_SECONDS),
             raw=dict(raw))
     except ValueError as exc:
         return _failed(str(exc), raw)
@@ -285,10 +288,12 @@ def _number(value: Any, key: str) -> float:
     return number
 
 
-def _seconds(value: Any, key: str) -> float:
+def _seconds(value: Any, key: str, most: Optional[float] = None) -> float:
     seconds = _number(value, key)
     if seconds <= 0:
         raise ValueError(f"{key} must be more than 0 seconds, got {_shown(value)}")
+    if most is not None and seconds > most:
+        raise ValueError(f"{key} must be at most {most} seconds, got {_shown(value)}")
     return seconds
 
 

@@ -46,6 +46,33 @@ class ValuesThatAreNotToolNames(unittest.TestCase):
                          5000)
 
 
+class BusyTimeoutBeyondSQLite(JournalTestCase):
+    """A busy_timeout SQLite cannot take (a 32-bit count of milliseconds) is a
+    settings problem shown on the surfaces, not an internal_error refusal of
+    every protected call behind a healthy status."""
+
+    def test_a_huge_busy_timeout_is_a_problem_and_calls_still_run(self):
+        for value in (1e306, 2147484):
+            with self.subTest(value=value):
+                data_dir = f"{self.data_dir}-{value}"
+                guard = RecoveryGuard(data_dir, settings={"busy_timeout": value})
+                self.addCleanup(guard.close)
+                self.assertIn("busy_timeout must be at most 2147483 seconds",
+                              guard.settings().problem)
+                self.assertEqual(guard.settings().busy_timeout, 5.0)
+                result = guard.tool_execution(tool_name="send_payment", args={"cents": 5},
+                                              next_call=lambda: "paid", session_id="s",
+                                              tool_call_id="c")
+                self.assertEqual(result, "paid")
+                status = json.loads(guard.status_tool())
+                self.assertEqual((status["integrity"], status["gate"], status["events"]),
+                                 ("ok", "open", 2))
+                self.assertIn("busy_timeout", status["settings"]["problem"])
+                guard.close()
+                self.assertVerifies(data_dir)
+        self.assertEqual(parse_settings({"busy_timeout": 2147483}).problem, None)
+
+
 class NamesMatchingNoRegisteredTool(JournalTestCase):
 
     def run_status(self, raw, *words, registered=lambda: REGISTERED):
