@@ -143,9 +143,12 @@ def _same_process(record: dict) -> bool:
 def workers_running(document: dict, data_dir: str) -> list:
     """``[{"pid", "known_as"}]``, each pid once: the live workers a ``status``
     document and the record show, ``known_as`` ``running_call``,
-    ``resolved_call``, ``owner`` or ``recorded_first_call`` (docs/cli.md §status)."""
+    ``resolved_call``, ``owner``, ``journal_open`` (named by its error, e.g.
+    ``wal_missing``) or ``recorded_first_call`` (docs/cli.md §status)."""
     found: dict = {}
     candidates = [((document.get("in_flight") or {}).get("pid"), "running_call")]
+    candidates += [(pid, "journal_open")
+                   for pid in (document.get("error") or {}).get("workers_running") or []]
     candidates += [(entry.get("pid"), "resolved_call")
                    for entry in document.get("resolved_running") or []]
     candidates += [(view.get("owner_pid"), "owner") for view in document.get("unresolved") or []]

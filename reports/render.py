@@ -98,6 +98,7 @@ def _error_text(result: dict) -> str:
 _KNOWN_AS = {"running_call": "its protected call is running",
              "resolved_call": "it still runs a call resolved with force",
              "owner": "it holds an open operation",
+             "journal_open": "it has the journal open",
              "recorded_first_call": "the last worker to start here"}
 
 

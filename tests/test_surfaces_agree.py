@@ -43,6 +43,12 @@ class WalDeletedUnderALiveWorker(JournalTestCase):
         self.assertEqual((code, document["integrity"], document["error"]["workers_running"]),
                          (1, "wal_missing", [self.worker.process.pid]))
         self.assertTrue(document["error"]["next"].endswith(" status"), document["error"]["next"])
+        # The document's own list of live workers names the same process.
+        self.assertEqual(document["workers_running"],
+                         [{"pid": self.worker.process.pid, "known_as": "journal_open"}])
+        code, _, text = run_cli(self.data_dir, "--format", "text", "status")
+        self.assertIn(f"stop them before any repair): pid {self.worker.process.pid} (it has the "
+                      "journal open)", text)
         code, _, _ = run_cli(self.data_dir, "status", "--check")
         self.assertEqual(code, 1)
         code, _, gauges = run_cli(self.data_dir, "status", "--format", "prometheus")

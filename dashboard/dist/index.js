@@ -349,7 +349,7 @@
 
   // The workers of this profile the status knows to be alive, and how.
   const KNOWN_AS = { running_call: "its protected call is running", resolved_call: "it still runs a call resolved with force",
-                     owner: "it holds an open operation", recorded_first_call: "the last worker to start here" };
+                     owner: "it holds an open operation", journal_open: "it has the journal open", recorded_first_call: "the last worker to start here" };
   function WorkersRunning(props) {
     const known = (props.status && props.status.workers_running) || [];
     if (!known.length) return null;
