@@ -251,12 +251,7 @@ def probe_owner(data_dir: str, operation_id: str) -> dict:
         finally:
             os.close(directory)
     if state == OWNER_GONE:  # its file deleted by hand while its worker holds the lock?
-        try:
-            device = os.stat(data_dir).st_dev
-        except OSError:
-            device = None
-        held = [call for call in (_deleted_but_held(data_dir, device) if device is not None else ())
-                if call["operation_id"] == operation_id]
+        held = [call for call in _held_unnamed(data_dir) if call["operation_id"] == operation_id]
         if held:
             state, tag = OWNER_RUNNING, held[0]
     result["owner"] = state
@@ -275,6 +270,8 @@ def held_calls(data_dir: str) -> list:
     data_dir = os.fspath(data_dir)
     try:
         directory = _open_directory(data_dir, create=False)
+    except FileNotFoundError:  # calls/ itself deleted by hand
+        return _held_unnamed(data_dir)
     except OSError:
         return []
     found = []
@@ -294,6 +291,15 @@ def held_calls(data_dir: str) -> list:
     named = {call["operation_id"] for call in found}
     return found + [call for call in _deleted_but_held(data_dir, device)
                     if call["operation_id"] not in named]
+
+
+def _held_unnamed(data_dir: str) -> list:
+    """:func:`_deleted_but_held` on the data directory's device."""
+    try:
+        device = os.stat(data_dir).st_dev
+    except OSError:
+        return []
+    return _deleted_but_held(data_dir, device)
 
 
 def _deleted_but_held(data_dir: str, device: int) -> list:
@@ -339,7 +345,9 @@ def refuse_calls_out(data_dir: str) -> None:
     data_dir = os.fspath(data_dir)
     try:
         directory = _open_directory(data_dir, create=False)
-    except FileNotFoundError:
+    except FileNotFoundError:  # none, or calls/ itself deleted by hand
+        for call in _held_unnamed(data_dir):
+            raise _call_out(call)
         return
     except OSError as exc:
         raise AdmissionRefused("owner_running", f"{CALLS_DIRECTORY}/ cannot be examined "

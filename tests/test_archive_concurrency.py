@@ -12,6 +12,7 @@ import collections
 import errno
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -495,6 +496,34 @@ class OutcomeStillOut(ArchiverCase):
                  if op == operation["operation_id"]]
         self.assertEqual(kinds, ["started", "resolved", "late_outcome", "acknowledged"])
         self.assertAllVerify(1)
+
+    def test_no_archive_while_a_resolved_call_runs_after_calls_itself_was_deleted(self):
+        worker = Paused(self, WAITING_WORKER, self.data_dir, "slow")
+        self.assertEqual(worker.first_line, "running")
+        [operation] = run_cli(self.data_dir, "status")[1]["unresolved"]
+        operation_id = operation["operation_id"]
+        shutil.rmtree(os.path.join(self.data_dir, "calls"))  # a cleanup script
+        status = run_cli(self.data_dir, "status")[1]
+        self.assertEqual((status["gate"], status["in_flight"]["operation_id"]),
+                         ("busy", operation_id))
+        code, _, text = run_cli(self.data_dir, "resolve", operation_id, "--outcome",
+                                "not_applied", "--force", "--evidence", "the worker looked hung")
+        self.assertEqual(code, 0, text)
+        status = run_cli(self.data_dir, "status")[1]
+        self.assertEqual([call["operation_id"] for call in status["resolved_running"]],
+                         [operation_id])
+        before = logical_snapshot(self)
+        code, refused, text = run_cli(self.data_dir, "archive")
+        self.assertEqual((code, refused["error"]["code"]), (1, "owner_running"), text)
+        self.assertEqual(logical_snapshot(self), before)
+        # The slow call comes back: its late outcome is recorded, not lost.
+        code, output, text = worker.release()
+        self.assertEqual((code, output), (0, json.loads(BOOKED)), text)
+        status = run_cli(self.data_dir, "status")[1]
+        self.assertEqual([item["operation_id"] for item in status["attention"]], [operation_id])
+        kinds = [kind for _, kind, op in all_events(self.data_dir) if op == operation_id]
+        self.assertEqual(kinds, ["started", "resolved", "late_outcome"])
+        self.assertAllVerify(0)
 
     def test_a_running_call_whose_lock_file_was_deleted_still_reads_running(self):
         worker = Paused(self, WAITING_WORKER, self.data_dir, "slow")
