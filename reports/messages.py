@@ -251,7 +251,12 @@ def blocked_result(code: str, explanation: str, *, prefix: Optional[Sequence[str
                        for operation in operations],
         "operator_command": command_line(prefix, "status") if prefix else None,
     }
-    return json.dumps(result, ensure_ascii=False, sort_keys=True)
+    text = json.dumps(result, ensure_ascii=False, sort_keys=True)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate the model named: as an escape
+        text = json.dumps(result, ensure_ascii=True, sort_keys=True)
+    return text
 
 
 # What a refusal echoes is bounded: a tool name or id comes from the model and

@@ -150,6 +150,24 @@ class Arguments(ReliabilityCase):
         self.assertEqual((result["code"], downstream.calls), ("non_canonical_arguments", 0))
         self.assertVerifies()
 
+    def test_a_lone_surrogate_in_a_tool_name_is_echoed_as_an_escape(self):
+        before = logical_snapshot(self)
+        for tool in ("pay\udc80", "terminal\ud800"):
+            with self.subTest(tool=tool):
+                downstream = Counter()
+                result = self.guard.tool_execution(tool, {}, downstream, session_id="s",
+                                                   tool_call_id="c")
+                hook = self.guard.pre_tool_call(tool_name=tool, args={}, session_id="s",
+                                                tool_call_id="c")["message"]
+                for text in (result, hook):
+                    text.encode("utf-8")  # the host can store and send it
+                    blocked = json.loads(text)
+                    self.assertEqual(blocked["code"], "non_canonical_arguments")
+                    self.assertIn(f"The call to {tool} ", blocked["explanation"])
+                self.assertEqual(downstream.calls, 0)
+        self.assertEqual(logical_snapshot(self), before)
+        self.assertVerifies()
+
 
 # ---------------------------------------------------------------- responses --
 
