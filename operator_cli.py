@@ -210,14 +210,22 @@ def execute(args: argparse.Namespace, data_dir_default: Callable[[], str],
         exit_code = _complete(args, command, result, exit_code, data_dir, prefix, settings,
                               registered_tools)
     except Exception as exc:  # noqa: BLE001 - one document whatever happens (docs/cli.md §Output)
-        result, exit_code = _internal_error(exc), EXIT_ERROR
-    return _print_document(args, command, output_format, result, exit_code, data_dir, prefix)
-
-
-def _internal_error(exc: BaseException) -> dict:
-    return {"ok": False, "error": {
-        "code": "internal_error", "message": f"an unexpected {type(exc).__name__} in the "
-        f"operator CLI ({str(exc)[:300]}); run status to see the journal's state"}}
+        result, exit_code = {"ok": False, "error": {
+            "code": "internal_error", "message": f"an unexpected {type(exc).__name__} in the "
+            f"operator CLI ({str(exc)[:300]}); run status to see the journal's state"}}, EXIT_ERROR
+    if command == "log" and exit_code == EXIT_OK:
+        exit_code = _print_log(result, jsonl=args.jsonl, text=output_format == "text")
+    elif output_format == "prometheus":
+        # A failure keeps the healthy series' data_dir label, so an alert fires.
+        print(prometheus_text(result) if exit_code != EXIT_ERROR
+              else prometheus_text({"data_dir": data_dir or "",
+                                    "settings": result.get("settings")}))
+    elif output_format == "text":
+        words = prefix(result.get("data_dir", "")) if prefix and exit_code != EXIT_ERROR else None
+        print(render_text(command or "", result, words))
+    else:
+        print(json_text(result, 1))
+    return exit_code
 
 
 def _run(args: argparse.Namespace, command: Optional[str], output_format: str,
@@ -282,24 +290,6 @@ def _complete(args: argparse.Namespace, command: Optional[str], result: dict, ex
         if (exit_code == EXIT_OK and getattr(args, "check", False)
                 and result["check"]["exit_code"] == CHECK_NEEDS_A_PERSON):
             exit_code = EXIT_ATTENTION  # a running call (gate busy) needs nobody
-    return exit_code
-
-
-def _print_document(args: argparse.Namespace, command: Optional[str], output_format: str,
-                    result: dict, exit_code: int, data_dir: Optional[str],
-                    prefix: Optional[Callable[[str], Sequence[str]]]) -> int:
-    if command == "log" and exit_code == EXIT_OK:
-        exit_code = _print_log(result, jsonl=args.jsonl, text=output_format == "text")
-    elif output_format == "prometheus":
-        # A failure keeps the healthy series' data_dir label, so an alert fires.
-        print(prometheus_text(result) if exit_code != EXIT_ERROR
-              else prometheus_text({"data_dir": data_dir or "",
-                                    "settings": result.get("settings")}))
-    elif output_format == "text":
-        words = prefix(result.get("data_dir", "")) if prefix and exit_code != EXIT_ERROR else None
-        print(render_text(command or "", result, words))
-    else:
-        print(json_text(result, 1))
     return exit_code
 
 

@@ -47,8 +47,7 @@ def record_first_call(data_dir: Any, registered: Optional[Callable[[], Any]],
         if not names:
             return
         directory = str(data_dir() if callable(data_dir) else data_dir)
-        view = with_attention({**settings.to_json(),
-                               **tool_names_view(settings, lambda: names)})
+        view = with_attention({**settings.to_json(), **tool_names_view(settings, lambda: names)})
         now_ns = time.time_ns()
         content = canonical_text({"tool_names": names, "settings": view,
                                   "recorded_at": iso_utc(now_ns), "recorded_ns": now_ns,

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from ..storage.database import DEFAULT_BUSY_TIMEOUT_SECONDS
+from ..storage.errors import short
 from ..storage.snapshot import DEFAULT_FULL_VERIFICATION_INTERVAL_SECONDS
 
 # Exempt by default in the read-only-tools mode; a configured list replaces them.
@@ -286,5 +287,4 @@ def _count(value: Any, key: str) -> Optional[int]:
 
 
 def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 200 else text[:200] + "..."
+    return short(repr(value))

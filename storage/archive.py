@@ -1,10 +1,7 @@
-"""Archives: sealed segments of history (docs/format.md §Archives).
-
-``archive`` seals journal ``J`` (events 1..N) into the read-only, never pruned
-``archive/J.sqlite3`` and starts a journal whose first event, ``archived``,
-anchors it: ``{"journal_id": J, "count": N, "head": H_N, "file": ...}``.  This
-module owns the archive files: naming, the sealed copy, the switch intent,
-checking and reading.  The switch itself is :meth:`journal.Journal.archive`.
+"""Archive files (docs/format.md §Archives): naming, the sealed copy, the switch
+intent, checking and reading.  ``archive`` seals journal ``J`` into read-only
+``archive/J.sqlite3`` and starts a journal whose first event anchors it
+(``{"journal_id", "count", "head", "file"}``); the switch is ``Journal.archive``.
 """
 from __future__ import annotations
 
@@ -61,9 +58,8 @@ def new_copy_path(data_dir: str) -> str:
 
 
 def copy_path(data_dir: str, relative: Any) -> Optional[str]:
-    """The copy an intent names if ``relative`` has exactly the form of
-    :func:`new_copy_path` (or the earlier ``archive/copy.<pid>-<hex>.tmp``),
-    else None: nothing else is ever touched."""
+    """The copy an intent names, if of :func:`new_copy_path`'s (or the earlier
+    ``archive/copy.<pid>-<hex>.tmp``) exact form; else None."""
     if not isinstance(relative, str):
         return None
     directory, name = os.path.split(relative)
@@ -73,12 +69,10 @@ def copy_path(data_dir: str, relative: Any) -> Optional[str]:
 
 
 def remove_stale_copies(data_dir: str, seen: Optional[tuple] = None) -> tuple:
-    """Remove copies in ``archive/copies/`` whose process is gone (a live
-    one is left alone).  ``seen``: the previous return value (None at
-    first); returns ``(directory state, settled)``.  The directory is listed
-    again only when it changed, changed too recently, or a live copy was
-    left: a writer pays one ``lstat`` per write.  A ``copies`` that is not a
-    real directory is never listed.  Never raises."""
+    """Remove copies in ``archive/copies/`` whose process is gone; returns
+    ``(directory state, settled)`` to pass as ``seen`` next time, so it is
+    listed again only once it changed (or a live copy was left): one
+    ``lstat`` per write.  A non-directory is never listed.  Never raises."""
     directory = copies_directory(data_dir)
     try:  # taken before the listing: a copy created after it changes the state
         found = os.lstat(directory)
@@ -137,8 +131,7 @@ def relative_name(journal_id: str) -> str:
 
 def archive_path(data_dir: str, anchor: dict) -> str:
     """The archive an anchor names, always inside ``data_dir/archive``."""
-    return os.path.join(data_dir, ARCHIVE_DIRECTORY,
-                        os.path.basename(str(anchor.get("file", ""))))
+    return os.path.join(data_dir, ARCHIVE_DIRECTORY, os.path.basename(str(anchor.get("file", ""))))
 
 
 def _read_only(path: str, options: str = "") -> sqlite3.Connection:
@@ -400,12 +393,10 @@ def seal(temp_path: str, final_path: str) -> None:
 
 def settle_switch(data_dir: str, files: Any, intent: Any, journal_id: Optional[str],
                   count: int, first_hash: Optional[str]) -> str:
-    """Under the writer lock, from what the database holds: ``"undid"`` (it
-    is still the sealed journal: this switch's files removed, head.json and
-    marker put back) or ``"finished"`` (the new journal with only its
-    anchor: head.json and marker written).  ``files``: the
-    :class:`durable.DurableFiles`.  Removes the intent; else raises
-    ``archive_interrupted``, changing nothing."""
+    """Finish or undo a switch under the writer lock from what the database
+    holds: ``"undid"`` (still the sealed journal; head.json and marker put
+    back) or ``"finished"`` (the new journal, only its anchor).  ``files``: a
+    :class:`durable.DurableFiles`.  Else ``archive_interrupted``, nothing changed."""
     sealed = intent.get("from") if isinstance(intent, dict) else None
     target = intent.get("to") if isinstance(intent, dict) else None
     if (checkpoint_shape_problem(sealed) is not None or not is_uuid(sealed["journal_id"])

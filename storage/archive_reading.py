@@ -38,8 +38,7 @@ def verified_events(data_dir: str, anchor: dict,
     head, count = genesis_hash(anchor["journal_id"], SCHEMA), 0
     with _reading(data_dir, anchor) as connection:
         try:
-            for seq, payload, previous, stored in connection.execute(SQL_SELECT_ROWS_AFTER,
-                                                                     (0,)):
+            for seq, payload, previous, stored in connection.execute(SQL_SELECT_ROWS_AFTER, (0,)):
                 text = payload.decode("utf-8") if isinstance(payload, bytes) else None
                 if (seq != count + 1 or text is None or previous != head.encode("ascii")
                         or stored != event_hash(head, text).encode("ascii")):

@@ -15,8 +15,7 @@ import urllib.parse
 from typing import Any, Optional
 
 from . import archive
-from .durable import (file_size, foreign_file, foreign_file_type, read_regular_file,
-                      storage_error)
+from .durable import file_size, foreign_file, foreign_file_type, read_regular_file, storage_error
 from .errors import IntegrityError, JournalError, short
 from .record import (CHECKPOINT_NAME, DATABASE_NAME, KIND_ARCHIVED, MARKER_NAME, SHM_SUFFIX,
                      WAL_SUFFIX, genesis_hash)
@@ -63,14 +62,12 @@ def refuse_rewritable_database(database: Any) -> None:
 
 
 def _check_wal_owner(database: Any) -> None:
-    """``stray_wal`` when the WAL belongs to another database (the first
-    writer to close would checkpoint it into this one).  The main file alone
-    (``immutable=1``) is compared with the WAL's read-only view and head.json;
-    only its metadata is trusted (a crashed checkpoint can tear event pages).
-    Stray: another journal in the WAL unless its event 1 links to the main
-    genesis or is an archive switch's successor; event 1 not linked to an
-    eventless main file's genesis; or the WAL holding head.json's head while
-    head.json and the marker name another journal than the main file."""
+    """``stray_wal`` when the WAL belongs to another database (a writer would
+    checkpoint it into this one): the main file alone (``immutable=1``; only
+    its metadata trusted) against the WAL's view and head.json.  Stray:
+    another journal in the WAL whose event 1 neither links to the main
+    genesis nor anchors it; event 1 unlinked to an eventless main genesis; or
+    the WAL holding head.json's head while head.json and marker name another."""
     if file_size(database.path + WAL_SUFFIX) <= 0:
         return
     quoted = "file:" + urllib.parse.quote(database.path)
