@@ -101,9 +101,8 @@ def _say(text: str) -> None:
 def _worker(role: str, directory: str) -> subprocess.Popen:
     environment = dict(os.environ, HERMES_HOME=os.path.join(directory, "profile"))
     return subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", role,
-                             "--directory", directory],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=environment)
+                             "--directory", directory], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=environment)
 
 
 def _finish(process: subprocess.Popen) -> dict:

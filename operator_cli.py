@@ -111,9 +111,8 @@ def evidence_options(parser: argparse.ArgumentParser, meaning: str) -> None:
 def add_arguments(parser: argparse.ArgumentParser, parser_class: type) -> None:
     """Add the options and commands to ``parser`` (ours or ``hermes
     crash-recovery``'s); ``parser_class`` decides what a usage error does."""
-    parser.add_argument("--data-dir", default=None,
-                        help="the profile's plugin data directory (default: the active "
-                             "profile's, $HERMES_HOME/plugin-data/crash-recovery)")
+    parser.add_argument("--data-dir", default=None, help="the profile's plugin data directory "
+                        "(default: the active profile's, $HERMES_HOME/plugin-data/crash-recovery)")
     parser.add_argument("--format", choices=FORMATS, default="json",
                         help="json (default); text: tables for status/show/log, a summary "
                              "for the others; prometheus: gauges for status")
@@ -148,9 +147,8 @@ def add_arguments(parser: argparse.ArgumentParser, parser_class: type) -> None:
                          help="completed: the side effect happened; not_applied: it did not "
                               "(future calls may run; nothing is replayed)")
     evidence_options(resolve, "what you checked in the real service (receipt, log line, row)")
-    resolve.add_argument("--force", action="store_true",
-                         help="resolve although the operation's worker still runs; the "
-                              "evidence must say why")
+    resolve.add_argument("--force", action="store_true", help="resolve although the "
+                         "operation's worker still runs; the evidence must say why")
     acknowledge = command("acknowledge", "acknowledge a late outcome")
     acknowledge.add_argument("operation_id", help="an operation id from `status` (attention)")
     evidence_options(acknowledge, "what you did about the late outcome")
@@ -455,8 +453,6 @@ def _quiet_on_closed_stdout(function: Callable[[], int]) -> int:
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return EXIT_ERROR
 
-
-# ------------------------------------------------------------ inside Hermes --
 
 def setup_hermes_command(parser: argparse.ArgumentParser) -> None:
     """``setup_fn`` of ``ctx.register_cli_command``: our options on ``hermes

@@ -295,8 +295,6 @@ def hash_at(data_dir: str, anchor: dict, seq: int) -> Optional[str]:
     return row[0] if row else None
 
 
-# ---------------------------------------------------------------- sealing --
-
 def start_copy(database_path: str, temp_path: str) -> None:
     """``VACUUM INTO`` ``temp_path`` from a read-only connection (no writer
     lock for the long part), its directory made durably first."""
