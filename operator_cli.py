@@ -109,8 +109,7 @@ def evidence_options(parser: argparse.ArgumentParser, meaning: str) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser, parser_class: type) -> None:
-    """Add the options and commands to ``parser`` (ours or ``hermes
-    crash-recovery``'s); ``parser_class`` decides what a usage error does."""
+    """Add the options and commands to ``parser``; ``parser_class`` handles usage errors."""
     parser.add_argument("--data-dir", default=None, help="the profile's plugin data directory "
                         "(default: the active profile's, $HERMES_HOME/plugin-data/crash-recovery)")
     parser.add_argument("--format", choices=FORMATS, default="json",
@@ -311,9 +310,8 @@ def progress_on_terminal(command: str, *, fd: int = 2, interval: float = PROGRES
     """Rewrite one stderr line every ``interval`` seconds while a full-history
     command runs on a terminal (``terminal`` overrides), by SIGALRM; nothing
     off the main thread or without ``setitimer``."""
-    if terminal is None:
-        terminal = os.isatty(fd)
-    if (command not in PROGRESS_COMMANDS or not terminal or not hasattr(signal, "setitimer")
+    if (command not in PROGRESS_COMMANDS or not (os.isatty(fd) if terminal is None else terminal)
+            or not hasattr(signal, "setitimer")
             or threading.current_thread() is not threading.main_thread()):
         yield
         return
@@ -350,10 +348,9 @@ def _interrupted(command: str, data_dir: str, before: Optional[bytes]) -> dict:
     """The ``interrupted`` error document of a Ctrl-C (docs/cli.md §Output)."""
     changed = _checkpoint_bytes(data_dir) != before
     pending = os.path.lexists(os.path.join(data_dir, INTENT_NAME))
-    restarting = command == "restart-journal" and pending_restart(data_dir) is not None
     if command not in WRITING_COMMANDS:
         message = f"{command} was interrupted; it only reads, so nothing changed"
-    elif restarting:
+    elif command == "restart-journal" and pending_restart(data_dir) is not None:
         message = ("restart-journal was interrupted in the middle of its switch (restart.json "
                    "records it). Run restart-journal again: it finishes the switch with the "
                    "journal it built, carrying over the same operations")
@@ -370,8 +367,7 @@ def _interrupted(command: str, data_dir: str, before: Optional[bytes]) -> dict:
 
 
 def _failures_named(events: Iterator[dict]) -> Iterator[dict]:
-    """``events``, a reading failure raised as :class:`JournalError` (a
-    failure of stdout, raised outside, is never taken for one)."""
+    """``events``, reading failures raised as :class:`JournalError` (never stdout's)."""
     try:
         for event in events:
             yield event
@@ -385,8 +381,7 @@ def _failures_named(events: Iterator[dict]) -> Iterator[dict]:
 
 
 def _print_log(result: dict, *, jsonl: bool, text: bool) -> int:
-    """Print ``log``'s events as read; the exit code.  Ctrl-C and errors
-    close the document (docs/cli.md §log)."""
+    """Stream ``log``'s events, closing the document on Ctrl-C or error; the exit code."""
     events: Iterator[dict] = _failures_named(result["events"])
     closing = None
     if jsonl:
