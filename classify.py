@@ -1,24 +1,13 @@
 """Is a tool response an error response?  docs/guard.md §Error classification, nothing else.
 
-A dict, or text that decodes to a JSON object, is an error response when it
-has a truthy ``error``, ``isError`` true, ``success`` or ``ok`` false,
-``status`` ``error``/``failed``/``cancelled``/``unknown`` or an ``exit_code``
-other than 0.  The edge decisions (the docs' table; where a shape is
-ambiguous, error wins):
-
-* ``status``: any case, trimmed.  ``exit_code``: only a number equal to 0, or
-  null, is success (``true``, ``"0"``, ``1.0`` are errors).  ``success``/``ok``:
-  false, 0, ``"false"``/``"0"``/``"no"`` are errors; ``isError``: true, 1,
-  ``"true"``/``"1"``/``"yes"`` (text in any case).  ``error``: Python truth.
-* Text: leading characters nobody sees (:func:`strip_invisible`) and trailing
-  whitespace and format characters are ignored; a JSON *string* is decoded
-  again, up to ``MAX_DECODE_DEPTH`` times; ``NaN`` is tolerated.  Bytes: read
-  as UTF-8 and as the encoding ``json`` detects, an error in either is an error.
-* Errors: a watched key (``WATCHED_KEYS``) repeated; JSON deeper than
-  ``MAX_NESTING`` or with an over-long integer; a JSON object followed by more
-  text; an object whose methods raise while inspected.
-* Normal: arrays, numbers, null, other text, undecodable bytes, an error only
-  in a nested field.
+A dict, or text decoding to a JSON object, is one when it has a truthy
+``error``, ``isError`` true, ``success``/``ok`` false, ``status`` in
+:data:`ERROR_STATUSES` or a non-zero ``exit_code``.  Edge cases follow the docs'
+table (ambiguous shapes are errors): text is read past invisible characters
+(:func:`strip_invisible`) and decoded up to ``MAX_DECODE_DEPTH`` times; bytes
+as UTF-8 and as ``json`` detects; a repeated watched key, JSON too deep, or an
+object followed by more text is an error; arrays, numbers, other text and
+nested errors are normal.
 """
 from __future__ import annotations
 
@@ -28,8 +17,7 @@ from typing import Any
 
 from .storage.record import MAX_NESTING
 
-# Double-encoded JSON is decoded at most this many times: deep enough for every
-# wrapper seen in practice, bounded so hostile input cannot loop.
+# Enough for every wrapper seen in practice; bounded against hostile input.
 MAX_DECODE_DEPTH = 3
 # _decode's answer for a JSON object it cannot take at face value (see above).
 _UNDECODABLE = object()
@@ -51,9 +39,7 @@ def is_error_response(response: Any) -> bool:
 
 
 def _readings(data: bytes) -> list:
-    """The texts ``data`` can be: UTF-8 (what a person's terminal shows) and
-    the encoding a JSON decoder detects (UTF-16/32 by BOM or NUL pattern);
-    none when it decodes as neither (plain bytes: normal)."""
+    """``data`` as UTF-8 and as the encoding ``json`` detects (each that decodes)."""
     texts = []
     for encoding in ("utf-8", json.detect_encoding(data)):
         try:
@@ -93,8 +79,7 @@ def _decode(response: Any) -> Any:
 
 
 def _nested_too_deep(value: Any) -> bool:
-    """Whether decoded JSON holds arrays and objects more than
-    ``MAX_NESTING`` deep; level by level, no recursion."""
+    """Whether ``value`` nests more than ``MAX_NESTING`` deep (no recursion)."""
     level = [value]
     for _ in range(MAX_NESTING):
         level = [child for item in level
@@ -106,14 +91,11 @@ def _nested_too_deep(value: Any) -> bool:
 
 
 def _invisible(character: str) -> bool:
-    """Whitespace, or a Unicode format character (byte-order mark, zero-width
-    space/joiner, word joiner, bidi marks, soft hyphen, ...)."""
+    """Whitespace, or a Unicode format character (BOM, zero-width, bidi...)."""
     return character.isspace() or unicodedata.category(character) == "Cf"
 
 
-# Before the JSON these count as nothing: every "other" (C*: controls, format,
-# surrogates, private-use, unassigned), separator (Z*) and combining mark (M*:
-# on nothing it marks nothing), and the blank fillers (Hangul, braille).
+# Unseen before JSON: categories C*, Z*, M* (marks nothing) and blank fillers.
 _LEADING_CATEGORIES = ("C", "Z", "M")
 _BLANK_CHARACTERS = frozenset("\u115f\u1160\u3164\uffa0\u2800")
 
@@ -125,8 +107,7 @@ def _unseen_before_json(character: str) -> bool:
 
 
 def strip_invisible(text: str) -> str:
-    """``text`` without leading :func:`_unseen_before_json` and trailing
-    :func:`_invisible` characters (anything else after an object is ambiguous)."""
+    """``text`` without leading unseen and trailing :func:`_invisible` characters."""
     start, end = 0, len(text)
     while start < end and _unseen_before_json(text[start]):
         start += 1
@@ -166,7 +147,8 @@ def _dict_is_error(response: dict) -> bool:
                 or ("isError" in response and _is_true(response["isError"]))
                 or any(key in response and _is_false(response[key]) for key in ("success", "ok"))
                 or (isinstance(status, str) and status.strip().lower() in ERROR_STATUSES)
-                or ("exit_code" in response and not _is_zero_exit(response["exit_code"])))
+                or ("exit_code" in response and response["exit_code"] is not None
+                    and not _is_number_zero(response["exit_code"])))
 
 
 def _is_true(value: Any) -> bool:
@@ -179,10 +161,6 @@ def _is_false(value: Any) -> bool:
     if isinstance(value, str):
         return value.strip().lower() in _FALSE_TEXT
     return value is False or _is_number_zero(value)
-
-
-def _is_zero_exit(value: Any) -> bool:
-    return value is None or _is_number_zero(value)
 
 
 def _is_number_zero(value: Any) -> bool:

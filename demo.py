@@ -3,12 +3,10 @@
 
     python demo.py [--directory NEW_DIR]
 
-A worker books a trip through the guard and is SIGKILLed after the service
-commits it; a restarted worker's same booking is refused; the operator
-resolves the operation (``operator_cli.py resolve``); a new worker runs
-protected calls again.  Progress on stderr, a JSON verdict on stdout, exit 1
-if any check fails.  ``--directory`` (new or empty) keeps the files, else a
-temporary directory is removed; nothing outside it is touched.
+A worker is SIGKILLed after the service commits its booking; a restarted
+worker's same booking is refused; the operator resolves it; a new worker runs
+again.  Progress on stderr, a JSON verdict on stdout, exit 1 if a check fails.
+``--directory`` (new or empty) keeps the files, else a temporary one is removed.
 """
 from __future__ import annotations
 
@@ -27,16 +25,13 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 OPERATOR_CLI = os.path.join(HERE, "operator_cli.py")
 TRIP = {"traveller": "Ada Lovelace", "from": "LHR", "to": "LIS", "date": "2026-12-24"}
-# How long the demo waits for a worker to reach a point, in seconds.
-WORKER_TIMEOUT_SECONDS = 20.0
+WORKER_TIMEOUT_SECONDS = 20.0  # the wait for a worker to reach a point
 # What run_demo's checks must be for the demo to pass.
 EXPECTED_CHECKS = {"worker_killed_by_sigkill": True, "pending_after_crash": 1,
                    "repeat_blocked": True, "bookings": 1, "resolution_accepted": True,
                    "gate_open_after_resolution": True, "integrity_ok": True,
                    "unresolved_after_resolution": 0, "journal_events": 4}
 
-
-# ------------------------------------------------------------ the service --
 
 class BookingService:
     """A fictional booking service with its own SQLite database."""
@@ -70,8 +65,6 @@ class BookingService:
             return connection.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
 
 
-# ------------------------------------------------------------- the worker --
-
 def run_worker(role: str, directory: str) -> int:
     """One agent process: a protected call through the guard; prints its result."""
     checkout = runpy.run_path(os.path.join(HERE, "host", "standalone.py"))
@@ -84,8 +77,7 @@ def run_worker(role: str, directory: str) -> int:
     def book_trip() -> str:
         booking = service.book(TRIP)
         if role == "crash":
-            # The booking is committed.  Tell the demo, then wait to be killed
-            # before the guard can record the response.
+            # Committed: tell the demo, then be killed before the guard records it.
             with open(signal_path, "w") as stream:
                 stream.write(str(booking))
             time.sleep(WORKER_TIMEOUT_SECONDS * 3)
@@ -102,8 +94,6 @@ def run_worker(role: str, directory: str) -> int:
     return 0
 
 
-# --------------------------------------------------------------- the demo --
-
 def _say(text: str) -> None:
     print(f"demo: {text}", file=sys.stderr, flush=True)
 
@@ -111,9 +101,8 @@ def _say(text: str) -> None:
 def _worker(role: str, directory: str) -> subprocess.Popen:
     environment = dict(os.environ, HERMES_HOME=os.path.join(directory, "profile"))
     return subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", role,
-                             "--directory", directory],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=environment)
+                             "--directory", directory], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=environment)
 
 
 def _finish(process: subprocess.Popen) -> dict:

@@ -42,8 +42,7 @@ from .storage.record import CHECKPOINT_NAME, INTENT_NAME
 
 EXIT_OK, EXIT_ERROR, EXIT_ATTENTION = 0, 1, 3
 FORMATS = ("json", "text", "prometheus")
-# Read-only commands that verify the whole history, with a progress line on a
-# terminal after this many seconds (and every as many after).
+# Full-history commands: a progress line on a terminal every PROGRESS_SECONDS.
 PROGRESS_COMMANDS = ("status", "show", "verify", "checkpoint")
 PROGRESS_SECONDS = 1.0
 
@@ -110,17 +109,14 @@ def evidence_options(parser: argparse.ArgumentParser, meaning: str) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser, parser_class: type) -> None:
-    """Add the options and commands to ``parser`` (the CLI's, or Hermes'
-    ``hermes crash-recovery``); ``parser_class`` decides what a usage error does."""
-    parser.add_argument("--data-dir", default=None,
-                        help="the profile's plugin data directory (default: the active "
-                             "profile's, $HERMES_HOME/plugin-data/crash-recovery)")
+    """Add the options and commands to ``parser``; ``parser_class`` handles usage errors."""
+    parser.add_argument("--data-dir", default=None, help="the profile's plugin data directory "
+                        "(default: the active profile's, $HERMES_HOME/plugin-data/crash-recovery)")
     parser.add_argument("--format", choices=FORMATS, default="json",
                         help="json (default); text: tables for status/show/log, a summary "
                              "for the others; prometheus: gauges for status")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=parser_class)
-    # `status --format text --data-dir D` works too: people put options after the command.
-    # SUPPRESS keeps a value given before the command when none is given after.
+    # Options after the command too; SUPPRESS keeps one given before it.
     options = parser_class(add_help=False)
     options.add_argument("--format", choices=FORMATS, default=argparse.SUPPRESS,
                          help="as before the command")
@@ -150,9 +146,8 @@ def add_arguments(parser: argparse.ArgumentParser, parser_class: type) -> None:
                          help="completed: the side effect happened; not_applied: it did not "
                               "(future calls may run; nothing is replayed)")
     evidence_options(resolve, "what you checked in the real service (receipt, log line, row)")
-    resolve.add_argument("--force", action="store_true",
-                         help="resolve although the operation's worker still runs; the "
-                              "evidence must say why")
+    resolve.add_argument("--force", action="store_true", help="resolve although the "
+                         "operation's worker still runs; the evidence must say why")
     acknowledge = command("acknowledge", "acknowledge a late outcome")
     acknowledge.add_argument("operation_id", help="an operation id from `status` (attention)")
     evidence_options(acknowledge, "what you did about the late outcome")
@@ -174,9 +169,9 @@ def console_script_name() -> Optional[str]:
 
 
 def standalone_words(data_dir: str) -> tuple:
-    """How the printed commands (``next``, text hints) run this CLI on
-    ``data_dir`` again: the console script by name where PATH finds it (else
-    by path), or this interpreter and ``operator_cli.py``'s path."""
+    """The words printed commands (``next``, hints) run this CLI on
+    ``data_dir`` with: the console script (by name if PATH finds it), else
+    this interpreter and ``operator_cli.py``."""
     program = console_script_name()
     if program is None:
         return standalone_prefix(data_dir)
@@ -198,10 +193,9 @@ def execute(args: argparse.Namespace, data_dir_default: Callable[[], str],
             prefix: Optional[Callable[[str], Sequence[str]]] = None,
             settings: Optional[Callable[[], Any]] = None,
             registered_tools: Optional[Callable[[], Any]] = None) -> int:
-    """Run the parsed command, print its one document (Ctrl-C included), return
-    the exit code.  ``prefix(data_dir)``: how commands are run here (default:
-    stand-alone); ``settings()``, ``registered_tools()``: the raw settings and
-    the host's tool names inside Hermes, shown by ``status`` (docs/cli.md §status)."""
+    """Run the parsed command, print its one document, return the exit code.
+    ``prefix(data_dir)``: how commands run here; ``settings()``,
+    ``registered_tools()``: Hermes' raw settings and tool names (docs/cli.md §status)."""
     output_format, command = getattr(args, "format", "json"), getattr(args, "command", None)
     if not stdout_takes_unicode():  # text output: escapes, never a UnicodeEncodeError
         with contextlib.suppress(AttributeError, ValueError):
@@ -213,20 +207,27 @@ def execute(args: argparse.Namespace, data_dir_default: Callable[[], str],
         exit_code = _complete(args, command, result, exit_code, data_dir, prefix, settings,
                               registered_tools)
     except Exception as exc:  # noqa: BLE001 - one document whatever happens (docs/cli.md §Output)
-        result, exit_code = _internal_error(exc), EXIT_ERROR
-    return _print_document(args, command, output_format, result, exit_code, data_dir, prefix)
-
-
-def _internal_error(exc: BaseException) -> dict:
-    return {"ok": False, "error": {
-        "code": "internal_error", "message": f"an unexpected {type(exc).__name__} in the "
-        f"operator CLI ({str(exc)[:300]}); run status to see the journal's state"}}
+        result, exit_code = {"ok": False, "error": {
+            "code": "internal_error", "message": f"an unexpected {type(exc).__name__} in the "
+            f"operator CLI ({str(exc)[:300]}); run status to see the journal's state"}}, EXIT_ERROR
+    if command == "log" and exit_code == EXIT_OK:
+        exit_code = _print_log(result, jsonl=args.jsonl, text=output_format == "text")
+    elif output_format == "prometheus":
+        # A failure keeps the healthy series' data_dir label, so an alert fires.
+        print(prometheus_text(result) if exit_code != EXIT_ERROR
+              else prometheus_text({"data_dir": data_dir or "",
+                                    "settings": result.get("settings")}))
+    elif output_format == "text":
+        words = prefix(result.get("data_dir", "")) if prefix and exit_code != EXIT_ERROR else None
+        print(render_text(command or "", result, words))
+    else:
+        print(json_text(result, 1))
+    return exit_code
 
 
 def _run(args: argparse.Namespace, command: Optional[str], output_format: str,
          data_dir_default: Callable[[], str], *, in_profile: bool) -> tuple:
-    """``(result, exit code, data directory or None)``; a usage error or Ctrl-C
-    is a result too.  ``in_profile``: run by ``hermes crash-recovery``."""
+    """``(result, exit code, data dir or None)``; ``in_profile``: inside Hermes."""
     data_dir = None
     try:
         if command is None:
@@ -248,8 +249,7 @@ def _run(args: argparse.Namespace, command: Optional[str], output_format: str,
                 and ((in_profile and args.data_dir is None)
                      or hermes.home_of_data_dir(data_dir) is not None
                      or read_record(data_dir) is not None)):
-            # A profile's own directory (where a worker recorded its first
-            # call, or beside a Hermes home): no protected call yet, nothing blocked.
+            # A profile's own directory: no protected call yet, nothing blocked.
             result, ok = absent_journal_status(data_dir), True
         exit_code = EXIT_OK if ok else EXIT_ERROR
     except CommandError as exc:  # a usage error, found before any command ran
@@ -262,8 +262,7 @@ def _complete(args: argparse.Namespace, command: Optional[str], result: dict, ex
               data_dir: Optional[str], prefix: Optional[Callable[[str], Sequence[str]]],
               settings: Optional[Callable[[], Any]],
               registered_tools: Optional[Callable[[], Any]]) -> int:
-    """Add settings, platform, ``next``, ``workers_running`` and ``check`` to
-    ``result``; returns the exit code (3: ``status --check``, a person must act)."""
+    """Add settings, platform, ``next``, ``workers_running``, ``check``; the exit code."""
     if command == "status":
         shown = (operator_settings_view(settings, data_dir, registered_tools)
                  if data_dir is not None else
@@ -284,7 +283,6 @@ def _complete(args: argparse.Namespace, command: Optional[str], result: dict, ex
     if command == "status":
         if data_dir is not None:
             result["workers_running"] = workers_running(result, data_dir)
-        # Why --check exits as it does, for every surface (docs/cli.md §status).
         result["check"] = check_view(result)
         if (exit_code == EXIT_OK and getattr(args, "check", False)
                 and result["check"]["exit_code"] == CHECK_NEEDS_A_PERSON):
@@ -292,30 +290,10 @@ def _complete(args: argparse.Namespace, command: Optional[str], result: dict, ex
     return exit_code
 
 
-def _print_document(args: argparse.Namespace, command: Optional[str], output_format: str,
-                    result: dict, exit_code: int, data_dir: Optional[str],
-                    prefix: Optional[Callable[[str], Sequence[str]]]) -> int:
-    if command == "log" and exit_code == EXIT_OK:
-        exit_code = _print_log(result, jsonl=args.jsonl, text=output_format == "text")
-    elif output_format == "prometheus":
-        # A failure keeps the healthy series' label (the absolute data directory),
-        # so an alert on it fires.
-        print(prometheus_text(result) if exit_code != EXIT_ERROR
-              else prometheus_text({"data_dir": data_dir or "",
-                                    "settings": result.get("settings")}))
-    elif output_format == "text":
-        words = prefix(result.get("data_dir", "")) if prefix and exit_code != EXIT_ERROR else None
-        print(render_text(command or "", result, words))
-    else:
-        print(json_text(result, 1))
-    return exit_code
-
-
 def _profile_status_command(code: str, data_dir: str,
                             prefix: Optional[Callable[[str], Sequence[str]]]) -> Optional[str]:
-    """``next`` for a data directory that cannot be a profile's: ``status`` on
-    the nearest Hermes home's (else ``$HERMES_HOME``'s, else a placeholder);
-    None for other codes."""
+    """``next`` for a directory that is no profile's: ``status`` on the nearest
+    Hermes home's data dir (or a placeholder); None for other codes."""
     if not (code == "journal_absent"
             or (code == "storage_unavailable" and not os.path.isdir(data_dir))):
         return None
@@ -329,13 +307,11 @@ def _profile_status_command(code: str, data_dir: str,
 @contextlib.contextmanager
 def progress_on_terminal(command: str, *, fd: int = 2, interval: float = PROGRESS_SECONDS,
                          terminal: Optional[bool] = None) -> Iterator[None]:
-    """While a full-history command runs, rewrite one stderr line every
-    ``interval`` seconds with the time spent, when stderr is a terminal
-    (``terminal`` overrides).  A timer signal (interrupted system calls are
-    restarted); nothing off the main thread or without ``setitimer``."""
-    if terminal is None:
-        terminal = os.isatty(fd)
-    if (command not in PROGRESS_COMMANDS or not terminal or not hasattr(signal, "setitimer")
+    """Rewrite one stderr line every ``interval`` seconds while a full-history
+    command runs on a terminal (``terminal`` overrides), by SIGALRM; nothing
+    off the main thread or without ``setitimer``."""
+    if (command not in PROGRESS_COMMANDS or not (os.isatty(fd) if terminal is None else terminal)
+            or not hasattr(signal, "setitimer")
             or threading.current_thread() is not threading.main_thread()):
         yield
         return
@@ -361,7 +337,7 @@ def progress_on_terminal(command: str, *, fd: int = 2, interval: float = PROGRES
 
 
 def _checkpoint_bytes(data_dir: str) -> Optional[bytes]:
-    """``head.json`` now (None: unreadable), to tell whether an interrupted command changed it."""
+    """``head.json`` now (None: unreadable)."""
     try:
         return read_regular_file(os.path.join(data_dir, CHECKPOINT_NAME))
     except OSError:
@@ -372,10 +348,9 @@ def _interrupted(command: str, data_dir: str, before: Optional[bytes]) -> dict:
     """The ``interrupted`` error document of a Ctrl-C (docs/cli.md §Output)."""
     changed = _checkpoint_bytes(data_dir) != before
     pending = os.path.lexists(os.path.join(data_dir, INTENT_NAME))
-    restarting = command == "restart-journal" and pending_restart(data_dir) is not None
     if command not in WRITING_COMMANDS:
         message = f"{command} was interrupted; it only reads, so nothing changed"
-    elif restarting:
+    elif command == "restart-journal" and pending_restart(data_dir) is not None:
         message = ("restart-journal was interrupted in the middle of its switch (restart.json "
                    "records it). Run restart-journal again: it finishes the switch with the "
                    "journal it built, carrying over the same operations")
@@ -392,27 +367,21 @@ def _interrupted(command: str, data_dir: str, before: Optional[bytes]) -> dict:
 
 
 def _failures_named(events: Iterator[dict]) -> Iterator[dict]:
-    """``events``, any failure while reading them raised as a :class:`JournalError`
-    (so a failure of stdout itself is never taken for one of the journal)."""
-    iterator = iter(events)
-    while True:
-        try:
-            event = next(iterator)
-        except StopIteration:
-            return
-        except (JournalError, KeyboardInterrupt):
-            raise
-        except OSError as exc:
-            raise storage_error(exc, "reading the journal") from None
-        except Exception as exc:  # noqa: BLE001 - the document still closes
-            raise JournalError("internal_error", f"an unexpected {type(exc).__name__} while "
-                               f"reading the journal ({str(exc)[:300]})") from None
-        yield event
+    """``events``, reading failures raised as :class:`JournalError` (never stdout's)."""
+    try:
+        for event in events:
+            yield event
+    except (JournalError, KeyboardInterrupt):
+        raise
+    except OSError as exc:
+        raise storage_error(exc, "reading the journal") from None
+    except Exception as exc:  # noqa: BLE001 - the document still closes
+        raise JournalError("internal_error", f"an unexpected {type(exc).__name__} while "
+                           f"reading the journal ({str(exc)[:300]})") from None
 
 
 def _print_log(result: dict, *, jsonl: bool, text: bool) -> int:
-    """Print ``log``'s events as they are read (constant memory); returns the
-    exit code.  Ctrl-C and errors close the output (docs/cli.md §log)."""
+    """Stream ``log``'s events, closing the document on Ctrl-C or error; the exit code."""
     events: Iterator[dict] = _failures_named(result["events"])
     closing = None
     if jsonl:
@@ -420,7 +389,7 @@ def _print_log(result: dict, *, jsonl: bool, text: bool) -> int:
     elif text:
         lines = log_text_lines(result)
     else:
-        # The verdict closes the document: it covers every event printed above it.
+        # The verdict comes last: it covers every event above it.
         head = json_text({key: value for key, value in result.items()
                           if key not in ("events", "ok", "integrity")}, 1)
         print(head[:-2] + ',\n "events": [')
@@ -480,13 +449,9 @@ def _quiet_on_closed_stdout(function: Callable[[], int]) -> int:
     return EXIT_ERROR
 
 
-# ------------------------------------------------------------ inside Hermes --
-
 def setup_hermes_command(parser: argparse.ArgumentParser) -> None:
-    """``setup_fn`` of ``ctx.register_cli_command``: the options and commands on
-    Hermes' ``hermes crash-recovery`` parser.  Usage errors, unknown words
-    included (Hermes' top parser would exit 2), print the JSON usage error and
-    exit 1 (docs/cli.md §Output)."""
+    """``setup_fn`` of ``ctx.register_cli_command``: our options on ``hermes
+    crash-recovery``; any usage error prints JSON and exits 1 (docs/cli.md §Output)."""
     parser.epilog = RUNBOOK_EPILOG
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     add_arguments(parser, _ExitingParser)
@@ -513,9 +478,8 @@ def hermes_command_handler(data_dir: Callable[[], str], prefix: Callable[[], Seq
                            settings: Optional[Callable[[], Any]] = None,
                            registered_tools: Optional[Callable[[], Any]] = None,
                            ) -> Callable[[argparse.Namespace], None]:
-    """``handler_fn`` of ``ctx.register_cli_command``: :func:`execute` on the
-    active profile's ``data_dir()``, then exit with its code (Hermes ignores
-    return values)."""
+    """``handler_fn`` of ``ctx.register_cli_command``: :func:`execute` on
+    ``data_dir()``, then exit with its code (Hermes ignores return values)."""
     def handle(args: argparse.Namespace) -> None:
         sys.exit(_quiet_on_closed_stdout(lambda: execute(
             args, lambda: str(data_dir()), lambda _: prefix(), settings, registered_tools)))

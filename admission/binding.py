@@ -1,11 +1,9 @@
 """The admission binding (docs/guard.md §Inside Hermes): which protected call
 the current context is inside.
 
-An admitted operation is bound in a ``ContextVar``: Hermes runs each call in
-a copied context and may enter the middleware twice, nested, for one call, so
-the binding tells re-entry from a nested protected call and lets the
-``pre_tool_call`` hook leave this call out.  A thread copying the context
-during the call (``execute_code``'s bridge) sees it; a fresh sibling does not.
+Hermes runs each call in a copied context and may enter the middleware twice
+for one call, so a ``ContextVar`` binding tells re-entry from a nested call.  A
+thread copying the context during the call sees it; a fresh sibling does not.
 """
 from __future__ import annotations
 
@@ -20,13 +18,11 @@ from ..reports.messages import iso_utc
 
 @dataclass
 class Admission:
-    """The admitted operation and the call's identity ``(tool_name,
-    session_id, tool_call_id, args_hash)``.  ``active`` turns False when the
-    call ends (copied contexts share this object, so a stale copy never passes
-    as re-entry); ``inner_refusal``: the text returned to a nested entry;
-    ``host_refusal``: ``(error_type, result)`` of a host-blocked call
-    (:mod:`host_refusal`); ``pid``: the admitting process (a forked child is
-    not inside the call: :func:`inherited_admission`)."""
+    """The admitted operation and ``identity`` ``(tool_name, session_id,
+    tool_call_id, args_hash)``.  ``active``: False once the call ends (shared
+    by copied contexts); ``inner_refusal``: the text for a nested entry;
+    ``host_refusal``: ``(error_type, result)`` (:mod:`host_refusal`);
+    ``pid``: the admitting process (see :func:`inherited_admission`)."""
     operation_id: str
     identity: tuple
     started_ns: int = 0
@@ -42,8 +38,7 @@ class Admission:
                 "age_seconds": round(max(0, time.time_ns() - self.started_ns) / 1e9, 3)}
 
 
-# Per-context: Hermes' concurrent path runs each call in a copied context, so a
-# binding never leaks to another call, thread or later call.
+# Per context: a binding never leaks to another call, thread or later call.
 ADMISSION: contextvars.ContextVar[Optional[Admission]] = contextvars.ContextVar(
     "crash_recovery_admission", default=None)
 
@@ -56,18 +51,16 @@ def live_admission() -> Optional[Admission]:
 
 
 def inherited_admission() -> Optional[Admission]:
-    """In a child forked during a protected call: the parent's binding (the
-    call the child was forked inside), else None (docs/guard.md §Child
-    processes)."""
+    """In a child forked during a protected call, the parent's binding, else
+    None (docs/guard.md §Child processes)."""
     admission = ADMISSION.get()
     return (admission if admission is not None and admission.active
             and admission.pid != os.getpid() else None)
 
 
 def same_call(bound: tuple, identity: tuple) -> bool:
-    """Whether ``identity`` is the call ``bound`` describes by tool name,
-    session and tool-call id (a host may rewrite arguments between two entries
-    of one call); without a tool-call id, the arguments must match too."""
+    """Whether ``identity`` is ``bound``'s call by tool, session and call id
+    (hosts may rewrite arguments); without a call id the arguments match too."""
     if bound[:3] != identity[:3]:
         return False
     return identity[2] is not None or bound[3] == identity[3]

@@ -1,12 +1,9 @@
 """Tool Search bridge calls (docs/guard.md §Tool Search).
 
-``tool_search`` and ``tool_describe`` read the catalog; ``tool_call`` invokes
-a tool (``{"name", "arguments"}`` on 0.20, ``{"calls": [...]}`` on 0.22;
-0.19 and 0.20 have no batches).  The host peels a ``tool_call`` it can run, so
-one that still reaches us under the bridge name is a 0.22 connector batch
-(each entry comes through the middleware as its own call) or one the host
-will not run.  Protection is decided on the underlying tool names, never on a
-bridge name.  Pure functions; no I/O.
+``tool_search``/``tool_describe`` read the catalog; ``tool_call`` invokes tools
+(``{"name", "arguments"}`` on 0.20, ``{"calls": [...]}`` on 0.22).  The host
+peels a ``tool_call`` it can run, so one reaching us is a 0.22 connector batch
+or one it will not run.  Protection is decided on the underlying tool names.
 """
 from __future__ import annotations
 
@@ -22,9 +19,8 @@ REFUSE = "refuse"  # refuse it ourselves: a protected tool named, the host will 
 
 
 def bridge_entries(args: Any) -> Optional[list]:
-    """The tool names a ``tool_call``'s arguments invoke, in order, read as the
-    hosts read them (``calls``: a list, JSON text or one object; else ``name``);
-    None when no name can be read."""
+    """The tool names a ``tool_call``'s ``args`` invoke, in order, read as the
+    hosts do (``calls``: list, JSON text or object; else ``name``); None if unreadable."""
     if not isinstance(args, dict):
         return None
     calls = args.get("calls")
@@ -68,9 +64,8 @@ def bridge_verdict(tool_name: Any, args: Any,
 
 
 def runs_while_closed(tool_name: Any, args: Any, allowed: Callable[[Any], bool]) -> bool:
-    """Whether a call may run while the gate is closed (docs/guard.md §While
-    the gate is closed): a ``tool_call`` when it is a connector batch or every
-    tool it names is ``allowed``, any other call when its own name is."""
+    """Whether a call may run while the gate is closed (docs/guard.md §While the
+    gate is closed): a connector batch, or every name it invokes ``allowed``."""
     if tool_name != BRIDGE_CALL:
         return allowed(tool_name)
     names = bridge_entries(args)

@@ -1,9 +1,7 @@
-"""The model's two read-only inspection tools, and the status report the
-worker's operator surfaces read (docs/guard.md §Inspection tools).
-
-Each takes the profile's :class:`gate.Gate`; none writes anything, the tool
-handlers never raise, and what a model gets (:mod:`reports.chat`) names no
-path, pid or command that changes the journal.
+"""The model's two read-only inspection tools and the worker's status report
+(docs/guard.md §Inspection tools).  Each takes the profile's :class:`gate.Gate`
+and writes nothing; what a model gets (:mod:`reports.chat`) names no path, pid
+or command that changes the journal.
 """
 from __future__ import annotations
 
@@ -35,15 +33,13 @@ def status_report(gate: Any) -> dict:
 
 
 def verify_report(gate: Any, checkpoint: Any = None) -> dict:
-    """A full verification, optionally against an external ancestor
-    ``checkpoint`` (a dict); ``{"ok", "integrity", "checkpoint",
-    "unresolved_count", "external_checkpoint"}`` or ``{"ok": False,
-    "integrity", "error"}``."""
+    """A full verification (against an ancestor ``checkpoint`` dict if given):
+    ``{"ok", "integrity", "checkpoint", "unresolved_count",
+    "external_checkpoint"}`` or ``{"ok": False, "integrity", "error"}``."""
     try:
         journal = gate.journal()
         journal.status()  # this worker's own gate first (e.g. wal_missing): one verdict
-        # A fresh read-only connection: the worker's own connection may keep
-        # pages cached that were edited on disk behind SQLite's back.
+        # A fresh connection: the worker's may cache pages edited behind SQLite's back.
         with gate.journal_class(journal.data_dir, readonly=True) as fresh:
             status = fresh.verify(checkpoint)
     except AdmissionRefused as exc:  # a malformed checkpoint; the journal verified

@@ -1,12 +1,9 @@
 """What a worker found at its first call, kept for the operator surfaces
 (docs/guard.md §Settings, docs/cli.md §status).
 
-Only a running agent knows the whole tool registry (MCP tools too), so at its
-first call a worker writes ``registered_tools.json`` (atomically) with the
-host's tool names and the settings it enforces: every operator surface then
-tells the same truth about a ``protected_tools`` name matching no tool.  The
-record is evidence, never part of the journal: no hash covers it, no call is
-admitted or refused for it, and an unreadable one reads as "nothing recorded".
+Only a running agent knows every tool (MCP too), so its first call writes
+``registered_tools.json``: the host's tool names and the enforced settings.
+Evidence only: no hash covers it, no call depends on it, unreadable is absent.
 """
 from __future__ import annotations
 
@@ -29,21 +26,20 @@ from .settings import Settings, settings_view, tool_names_view, with_attention
 logger = plugin_logger(__name__.rsplit(".", 2)[0] + ".guard")
 
 RECORD_NAME = "registered_tools.json"
-# A host registers a few hundred tools; anything larger is not our record.
+# A host registers a few hundred tools: anything larger is not our record.
 MAX_RECORD_BYTES = 1 << 20
 MAX_NAMES = 10000
 MAX_NAME_CHARS = 256
-# The temporary file of a write (storage/durable.py temp_path_for) whose writer died.
+# A write's temporary file (durable.temp_path_for), removed once its writer died.
 _LEFTOVER_TEMP = re.compile(re.escape(RECORD_NAME) + r"\.(\d+)-[0-9a-f]+" + re.escape(TEMP_SUFFIX))
 
 
 def record_first_call(data_dir: Any, registered: Optional[Callable[[], Any]],
                       settings: Settings) -> None:
-    """Write ``registered_tools.json``: ``{"tool_names": [...] (sorted),
-    "settings": the enforced settings view, "recorded_at" (ISO UTC),
-    "recorded_ns", "pid", "process_start", "process_start_ticks"}``.  ``data_dir``: the directory or a
-    callable giving it (created when needed); nothing is written when
-    ``registered()`` knows no names.  Never raises (a failure is logged at DEBUG)."""
+    """Write ``{"tool_names" (sorted), "settings" (view), "recorded_at" (ISO
+    UTC), "recorded_ns", "pid", "process_start", "process_start_ticks"}``
+    into ``data_dir`` (or ``data_dir()``), unless ``registered()`` knows no
+    names.  Never raises (a failure is logged at DEBUG)."""
     try:
         names = registered() if registered is not None else None
         names = sorted({name for name in names or () if isinstance(name, str)
@@ -51,8 +47,7 @@ def record_first_call(data_dir: Any, registered: Optional[Callable[[], Any]],
         if not names:
             return
         directory = str(data_dir() if callable(data_dir) else data_dir)
-        view = with_attention({**settings.to_json(),
-                               **tool_names_view(settings, lambda: names)})
+        view = with_attention({**settings.to_json(), **tool_names_view(settings, lambda: names)})
         now_ns = time.time_ns()
         content = canonical_text({"tool_names": names, "settings": view,
                                   "recorded_at": iso_utc(now_ns), "recorded_ns": now_ns,
@@ -66,8 +61,8 @@ def record_first_call(data_dir: Any, registered: Optional[Callable[[], Any]],
 
 
 def read_record(data_dir: str) -> Optional[dict]:
-    """The last worker's record (:func:`record_first_call`; ``settings`` a dict
-    or None), or None when absent, unreadable or malformed."""
+    """The last :func:`record_first_call` record (``settings``: dict or None),
+    or None when absent, unreadable or malformed."""
     try:
         raw = read_regular_file(os.path.join(data_dir, RECORD_NAME), MAX_RECORD_BYTES)
         if len(raw) > MAX_RECORD_BYTES:
@@ -93,12 +88,10 @@ def read_record(data_dir: str) -> Optional[dict]:
 
 def operator_settings_view(settings: Optional[Callable[[], Any]], data_dir: str,
                            own_names: Optional[Callable[[], Any]] = None) -> Optional[dict]:
-    """``settings`` of an operator surface's ``status`` (docs/cli.md §status):
-    :func:`settings.settings_view` of ``settings()`` against ``own_names()``
-    plus the recorded names (``tool_list``: ``host``, or ``recorded`` when only
-    the record names tools; ``tool_list_recorded_at``).  Without ``settings``
-    (the stand-alone CLI): the recorded view with ``recorded_at`` and
-    ``recorded_by_pid``, or None.  Never raises."""
+    """``status``'s ``settings`` (docs/cli.md §status): ``settings()``'s view
+    against ``own_names()`` and the recorded names (``tool_list`` ``host`` or
+    ``recorded``, ``tool_list_recorded_at``); without ``settings``, the
+    recorded view with ``recorded_at``, ``recorded_by_pid``, or None.  Never raises."""
     record = read_record(data_dir)
     if settings is None:
         if record is None or record["settings"] is None:
@@ -122,16 +115,14 @@ def operator_settings_view(settings: Optional[Callable[[], Any]], data_dir: str,
     return view
 
 
-# Seconds a process's start time (boot time + ticks) may move with the wall
-# clock between two reads (a VM's clock is stepped and slewed); a later boot's
-# process with the same pid and ticks differs by far more.
+# Seconds a start time (boot time + ticks) may drift with a stepped wall clock; a
+# later boot's process with the same pid and ticks differs by far more.
 _START_TIME_DRIFT_SECONDS = 300
 
 
 def _same_process(record: dict) -> bool:
-    """Whether the record's pid is still the process that wrote it, not a
-    reused pid: the same start in clock ticks after boot and about the same
-    start time (an older record without ticks: exactly the same start time)."""
+    """Whether the record's pid is still its writer: the same start ticks and
+    about the same start time (without ticks: exactly the same start time)."""
     recorded, now = record["process_start"], process_start_time(record["pid"])
     ticks = record["process_start_ticks"]
     if not isinstance(ticks, int):

@@ -1,10 +1,9 @@
 """The plugin's settings: which tools are protected, and how hard to verify
 (docs/guard.md §Settings).
 
-A tool list may be a YAML list, a JSON list string or a comma-separated string
-(``hermes config set`` stores text).  Anything that cannot be read exactly is a
-*settings problem*: the guard fails closed (every tool but the two inspection
-tools is protected) and ``status`` shows it.  Pure functions; no I/O.
+A tool list may be a YAML list, JSON list text or comma-separated text.  What
+cannot be read exactly is a *settings problem*: every tool but the inspection
+tools is protected and ``status`` shows it.  Pure functions; no I/O.
 """
 from __future__ import annotations
 
@@ -14,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from ..storage.database import DEFAULT_BUSY_TIMEOUT_SECONDS
+from ..storage.errors import short
 from ..storage.snapshot import DEFAULT_FULL_VERIFICATION_INTERVAL_SECONDS
 
 # Exempt by default in the read-only-tools mode; a configured list replaces them.
@@ -29,12 +29,8 @@ CATALOG_TOOLS = ("tool_search", "tool_describe")
 # SQLite's busy timeout is a 32-bit count of milliseconds: a longer one reads as
 # no wait at all, or does not convert.
 MAX_BUSY_TIMEOUT_SECONDS = (2**31 - 1) // 1000
-# Hermes' own read-only built-ins, the ones that cannot run a command, write a
-# file or start an agent: its parallel-safe list (agent/tool_dispatch_helpers.py,
-# _PARALLEL_SAFE_TOOLS) and the no-effect list of its interrupted-call cleanup
-# (agent/tool_result_classification.py, NO_EFFECT_TOOL_NAMES).  A tool that runs
-# while the gate is closed and is not listed here counts as one that may reach
-# the journal and the settings (docs/guard.md §While the gate is closed).
+# Hermes' read-only built-ins (its _PARALLEL_SAFE_TOOLS and NO_EFFECT_TOOL_NAMES): a
+# tool running while closed that is not listed may reach the journal and settings.
 KNOWN_READ_ONLY_TOOLS = frozenset((
     "read_file", "search_files", "session_search", "skill_view", "skills_list", "web_search",
     "web_extract", "vision_analyze", "ha_get_state", "ha_list_entities", "ha_list_services",
@@ -45,11 +41,10 @@ _ALWAYS_WHILE_CLOSED = frozenset(INSPECTION_TOOLS + CATALOG_TOOLS)
 
 @dataclass(frozen=True)
 class Settings:
-    """Parsed settings.  ``mode``: ``read_only_tools`` (all but ``tools`` and
-    the inspection tools are protected) or ``protected_tools`` (only ``tools``);
-    ``full_verification_interval``, ``busy_timeout`` in seconds;
-    ``archive_after_events``: None is off; ``problem``: why the configured
-    value could not be used (the rest are then the fail-closed values)."""
+    """Parsed settings.  ``mode``: ``read_only_tools`` (all but ``tools`` are
+    protected) or ``protected_tools`` (only ``tools``); intervals in seconds;
+    ``archive_after_events``: None is off; ``problem``: why the configuration
+    could not be used (the rest are then fail-closed values)."""
     mode: str = MODE_READ_ONLY_TOOLS
     tools: frozenset = frozenset(DEFAULT_READ_ONLY_TOOLS)
     allowed_while_closed: frozenset = frozenset()
@@ -61,8 +56,7 @@ class Settings:
     raw: dict = field(default_factory=dict, compare=False)
 
     def is_protected(self, tool_name: Any) -> bool:
-        """Whether calls of ``tool_name`` are journaled and gated.  Names that
-        are not text are protected (fail closed)."""
+        """Whether calls of ``tool_name`` are journaled and gated (non-text: yes)."""
         if not isinstance(tool_name, str):
             return True
         if tool_name in INSPECTION_TOOLS:
@@ -73,12 +67,10 @@ class Settings:
 
     def while_closed(self) -> frozenset:
         """The tools that run while the gate is closed (docs/guard.md §While the
-        gate is closed): the read-only list (the default pair in
-        ``protected_tools`` mode), ``allowed_while_closed``, the inspection
-        tools and Tool Search's catalog reads."""
+        gate is closed): the unprotected read-only and ``allowed_while_closed``
+        tools, the inspection tools and the catalog reads."""
         read_only = (frozenset(DEFAULT_READ_ONLY_TOOLS) if self.mode == MODE_PROTECTED_TOOLS
                      else self.tools)
-        # A protected tool never runs while closed (its own gate refuses it).
         unprotected = {name for name in read_only | self.allowed_while_closed
                        if not self.is_protected(name)}
         return frozenset(unprotected) | _ALWAYS_WHILE_CLOSED
@@ -88,8 +80,7 @@ class Settings:
         return isinstance(tool_name, str) and tool_name in self.while_closed()
 
     def reaching_tools(self) -> list:
-        """The sorted tools that run while closed and are not known to be
-        read-only: through them the agent may reach the journal and settings."""
+        """Sorted tools that run while closed and are not known to be read-only."""
         return sorted(self.while_closed() - KNOWN_READ_ONLY_TOOLS - _ALWAYS_WHILE_CLOSED)
 
     def to_json(self) -> dict:
@@ -111,8 +102,8 @@ FAIL_CLOSED = Settings(tools=frozenset())
 
 
 def parse_tool_list(value: Any, key: str) -> tuple:
-    """A tool list from a list of names, a JSON list string or a comma-separated
-    string; else raises ``ValueError`` naming ``key`` and the value."""
+    """A tuple of names from a list, JSON list text or comma-separated text;
+    else ``ValueError`` naming ``key`` and the value."""
     if isinstance(value, str):
         text = value.strip()
         if text.startswith(("[", "{", '"')):
@@ -136,8 +127,7 @@ def parse_tool_list(value: Any, key: str) -> tuple:
                      f"string), got {_shown(value)}")
 
 
-# Words that stand for "nothing" or "everything", never for a tool: YAML's null
-# spellings arriving as text (`hermes config set` stores text), and a glob.
+# "Nothing" or "everything", never a tool: YAML nulls arriving as text, and globs.
 _NOT_A_NAME = frozenset(("null", "none", "~", "nil", "*", "all", "any"))
 
 
@@ -146,8 +136,6 @@ def _name_problem(name: str) -> Optional[str]:
     if name.lower() in _NOT_A_NAME:
         return "means nothing or everything, not a tool"
     if "${" in name:
-        # Hermes 0.20+ expands ${VAR} in plugin settings, 0.19 does not, and an
-        # unset variable stays as written: never a tool's real name.
         return ("is an unexpanded ${...} reference (Hermes 0.19 does not expand them in "
                 "plugin settings; newer releases leave an unset variable as written)")
     if any(character.isspace() for character in name):
@@ -170,8 +158,7 @@ def parse_settings(raw: Any) -> Settings:
 def settings_view(settings: Any, registered: Optional[Callable[[], Any]] = None, *,
                   partial: bool = True) -> dict:
     """The parsed ``settings()`` as ``status`` shows them (docs/cli.md §status);
-    a reader that raises is a problem, never an exception.  ``registered()``,
-    ``partial``: as :func:`tool_names_view`."""
+    never raises.  ``registered``, ``partial``: as :func:`tool_names_view`."""
     try:
         raw = settings()
     except Exception as exc:  # the same fail-closed reading as the guard's
@@ -189,9 +176,8 @@ def with_attention(view: dict) -> dict:
 def tool_names_view(settings: Settings, registered: Optional[Callable[[], Any]], *,
                     partial: bool = False) -> dict:
     """``{"tool_list": "host"|"unknown", "unmatched_tools"}`` (docs/guard.md
-    §Settings): listed names matching no tool of ``registered()``.
-    ``partial``: only built-in and plugin tools are known, so ``mcp_...``
-    names are not judged.  Never raises."""
+    §Settings): names matching no tool of ``registered()``; ``partial``:
+    ``mcp_...`` names are not judged.  Never raises."""
     try:
         names = registered() if registered is not None else None
         known = None if not names else {name for name in names if isinstance(name, str)}
@@ -206,8 +192,7 @@ def tool_names_view(settings: Settings, registered: Optional[Callable[[], Any]],
 
 
 def needs_attention(view: dict) -> bool:
-    """Whether a person must act on a settings view: a problem, or a protected
-    tool matching no registered tool (a typo protects nothing)."""
+    """Whether a person must act: a problem, or a protected name matching no tool."""
     return bool(view.get("problem") or (view.get("mode") == MODE_PROTECTED_TOOLS
                                         and view.get("unmatched_tools")))
 
@@ -230,7 +215,6 @@ def _parse(raw: Any) -> Settings:
             if raw.get(key) is not None:
                 mode, tools = key, parse_tool_list(raw[key], key)
         if mode == MODE_PROTECTED_TOOLS and not tools:
-            # Surely a mistake (an empty `hermes config set`): it would protect nothing.
             raise ValueError("protected_tools is empty, which would protect nothing; list the "
                              "tools to protect, or remove it for the default mode")
         allowed = raw.get("allowed_while_closed")
@@ -238,8 +222,7 @@ def _parse(raw: Any) -> Settings:
         protected = sorted(name for name in allowed if name not in INSPECTION_TOOLS and (
             name not in tools if mode == MODE_READ_ONLY_TOOLS else name in tools))
         if protected:
-            # A protected tool is refused while closed whatever this says: a
-            # silent no-op would hide what the operator meant.
+            # Refused while closed anyway: a silent no-op would hide the intent.
             raise ValueError(f"allowed_while_closed names {', '.join(protected)}, which {mode} "
                              "protects; a protected tool never runs while the gate is closed. "
                              "List only unprotected tools there (in read_only_tools mode, the "
@@ -309,5 +292,4 @@ def _count(value: Any, key: str) -> Optional[int]:
 
 
 def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 200 else text[:200] + "..."
+    return short(repr(value))

@@ -1,10 +1,6 @@
-"""Whether an exported checkpoint is an ancestor of the journal: a prefix of
-its live segment, or of an archive its anchors reach (docs/cli.md §verify
---checkpoint, docs/format.md §Archives).
-
-An export proves the history it anchors was not rewritten: the hash the
-journal (or the archive holding it) stores at the export's count must be the
-export's head.  Nothing here writes.
+"""Whether an exported checkpoint is an ancestor of the journal: its head is
+the hash stored at its count in the live segment or an archive its anchors
+reach (docs/cli.md §verify --checkpoint, docs/format.md §Archives).  Read-only.
 """
 from __future__ import annotations
 
@@ -18,13 +14,11 @@ from .record import checkpoint_shape_problem, genesis_hash
 
 def check_ancestor(data_dir: str, chain: Chain, checkpoint: Any,
                    live_hash_at: Callable[[int], Optional[str]]) -> None:
-    """Return if ``checkpoint`` (a parsed export: journal_id, schema, count,
-    head) anchors a prefix of ``chain`` or of one of its archives.
-    ``live_hash_at(seq)``: the stored hash of live event ``seq`` (>= 1), read
-    in the caller's snapshot.  Raises :class:`AdmissionRefused`
-    ``invalid_checkpoint`` for a malformed export, :class:`IntegrityError`
-    ``checkpoint_not_ancestor`` for one of another history (or an archive's
-    ``archive_missing``/``archive_mismatch``)."""
+    """Return if ``checkpoint`` (journal_id, schema, count, head) anchors a
+    prefix of ``chain`` or its archives; ``live_hash_at(seq)``: live event
+    ``seq``'s hash in the caller's snapshot.  Raises :class:`AdmissionRefused`
+    ``invalid_checkpoint`` (malformed), :class:`IntegrityError`
+    ``checkpoint_not_ancestor``, ``archive_missing``, ``archive_mismatch``."""
     problem = checkpoint_shape_problem(checkpoint)
     if problem:  # the file is malformed; the journal itself verified
         raise AdmissionRefused("invalid_checkpoint", f"external checkpoint: {problem}")

@@ -1,16 +1,7 @@
-"""Archives: sealed segments of history (docs/format.md §Archives).
-
-An operator's ``archive`` seals the live history (journal ``J``, events 1..N)
-into ``archive/J.sqlite3`` in the data directory -- a read-only SQLite file,
-never deleted or pruned by the plugin -- and starts a new journal ``J'`` whose
-first event, ``archived``, anchors it: ``{"journal_id": J, "count": N, "head":
-H_N, "file": "archive/J.sqlite3"}``.  The live segment stays short, so the
-first call of a process verifies little; each archive's anchor is checked on
-every full verification, and ``verify --all`` re-verifies archives end to end.
-
-This module owns the archive files: naming, building the sealed copy, the
-switch intent, and checking and reading archives.  The switch itself (under
-the writer lock) is :meth:`journal.Journal.archive`.
+"""Archive files (docs/format.md §Archives): naming, the sealed copy, the switch
+intent, checking and reading.  ``archive`` seals journal ``J`` into read-only
+``archive/J.sqlite3`` and starts a journal whose first event anchors it
+(``{"journal_id", "count", "head", "file"}``); the switch is ``Journal.archive``.
 """
 from __future__ import annotations
 
@@ -38,23 +29,18 @@ from .schema import (SQL_INSERT_EVENT, SQL_SELECT_HASH_AT, SQL_SELECT_LAST_EVENT
 
 ARCHIVE_DIRECTORY = "archive"
 ARCHIVE_SUFFIX = ".sqlite3"
-# INTENT_NAME (record.py) holds the switch in progress: {"from": checkpoint of the
-# sealed journal, "to": the new journal id, "file": the archive, "temp": the copy}.
-# While it exists, the next writer finishes or undoes the switch.
-# An anchor chain is followed at most this far.
-MAX_ARCHIVES = 100000
-# Opening the intent fails with these when something other than a regular file
-# lies at its name (durable.open_regular_file): not a switch of ours.
+# INTENT_NAME (record.py): {"from": sealed checkpoint, "to": new journal id, "file",
+# "temp"}; while it exists, the next writer finishes or undoes the switch.
+MAX_ARCHIVES = 100000  # an anchor chain is followed at most this far
+# What opening the intent raises when a non-regular file lies at its name.
 _NOT_AN_INTENT_FILE = frozenset((errno.ELOOP, errno.EINVAL, errno.EISDIR))
-# Unfinished copies live in their own directory, archive/copies/copy.<pid>-<8 hex>.tmp
-# (and SQLite's -journal beside it), so finding a dead archiver's copy lists only
-# them, never the archives.  Before this layout they lay in archive/ itself.
+# archive/copies/copy.<pid>-<8 hex>.tmp (and its -journal): sweeping dead copies
+# lists only them, never the archives.  Older versions made them in archive/.
 COPIES_DIRECTORY = "copies"
 _COPY_NAME = re.compile(r"copy\.(\d+)-[0-9a-f]{8}\.tmp")
 _COPY_SUFFIXES = ("", "-journal")
 _COPY_FILE = re.compile(_COPY_NAME.pattern + "(?:-journal)?")
-# A directory's timestamps move in clock ticks (a second or two on some
-# filesystems): one changed less than this ago may change again unseen.
+# Directory timestamps move in ticks (up to ~2 s): a newer change may hide another.
 _UNSETTLED_NS = 2_000_000_000
 # Where an intent's "temp" may name a copy: today's and the earlier layout's.
 _COPY_DIRECTORIES = (f"{ARCHIVE_DIRECTORY}/{COPIES_DIRECTORY}", ARCHIVE_DIRECTORY)
@@ -72,10 +58,8 @@ def new_copy_path(data_dir: str) -> str:
 
 
 def copy_path(data_dir: str, relative: Any) -> Optional[str]:
-    """The unfinished copy an intent names, if ``relative`` has exactly the
-    form :func:`new_copy_path` gives (``archive/copies/copy.<pid>-<hex>.tmp``)
-    or the one of the earlier layout (``archive/copy.<pid>-<hex>.tmp``, an
-    intent left by an older version); anything else is never touched."""
+    """The copy an intent names, if of :func:`new_copy_path`'s (or the earlier
+    ``archive/copy.<pid>-<hex>.tmp``) exact form; else None."""
     if not isinstance(relative, str):
         return None
     directory, name = os.path.split(relative)
@@ -85,17 +69,10 @@ def copy_path(data_dir: str, relative: Any) -> Optional[str]:
 
 
 def remove_stale_copies(data_dir: str, seen: Optional[tuple] = None) -> tuple:
-    """Remove unfinished copies in ``archive/copies/`` whose process is gone
-    (a copy runs without the writer lock, so a live one is left alone).
-    ``seen``: what the previous call returned (None at first); returns
-    ``(state of archive/copies/, settled)`` to pass next time.  The
-    directory is listed again only when it changed since, when it changed
-    too recently for its timestamps to show the next change, or when a copy
-    was left to a live process then (it may have died since): a
-    long-running writer pays one ``lstat`` per write, and a listing costs
-    what the copies in progress (normally none) cost, whatever the number of
-    archives.  A ``copies`` that is not a real directory is never listed.
-    Never raises."""
+    """Remove copies in ``archive/copies/`` whose process is gone; returns
+    ``(directory state, settled)`` to pass as ``seen`` next time, so it is
+    listed again only once it changed (or a live copy was left): one
+    ``lstat`` per write.  A non-directory is never listed.  Never raises."""
     directory = copies_directory(data_dir)
     try:  # taken before the listing: a copy created after it changes the state
         found = os.lstat(directory)
@@ -108,28 +85,23 @@ def remove_stale_copies(data_dir: str, seen: Optional[tuple] = None) -> tuple:
     left: list = []
     if found is not None and stat.S_ISDIR(found.st_mode):
         remove_files_of_dead_processes(directory, _COPY_FILE, kept=left)
-    # Settled: nothing left to a live process, and the last change old enough
-    # that another one would show in the timestamps.
+    # Settled: nothing left to a live process, and a later change would show.
     settled = not left and (found is None or time.time_ns() - max(
         found.st_mtime_ns, found.st_ctime_ns) >= _UNSETTLED_NS)
     return state, settled
 
 
 def remove_stale_copies_of_earlier_layout(data_dir: str) -> None:
-    """Remove dead archivers' copies left in ``archive/`` itself by a version
-    that made them there.  Lists every archive: only the ``archive`` command
-    calls it (rare, and it copies the whole journal anyway), never a worker's
-    call.  Never raises."""
+    """Remove dead archivers' copies left in ``archive/`` by older versions.
+    Lists every archive, so only the ``archive`` command calls it.  Never raises."""
     remove_files_of_dead_processes(os.path.join(data_dir, ARCHIVE_DIRECTORY), _COPY_FILE)
 
 
 def check_directory(data_dir: str) -> None:
-    """``archive/`` and ``archive/copies/`` are each absent or a real directory
-    inside the data directory: sealed history and copies of it are never
-    written through a symbolic link or into another kind of file.  Raises
-    :class:`AdmissionRefused` ``archive_refused`` (``details``:
-    ``archive_directory``, what was found, and ``directory``, which one),
-    changing nothing; ``storage_unavailable`` when they cannot be examined."""
+    """``archive/`` and ``archive/copies/`` must each be absent or a real
+    directory (never a link).  Raises :class:`AdmissionRefused`
+    ``archive_refused`` (details ``archive_directory``: what was found,
+    ``directory``: which), or ``storage_unavailable``; changes nothing."""
     for relative in (ARCHIVE_DIRECTORY, f"{ARCHIVE_DIRECTORY}/{COPIES_DIRECTORY}"):
         try:
             found = os.lstat(os.path.join(data_dir, *relative.split("/")))
@@ -139,10 +111,8 @@ def check_directory(data_dir: str) -> None:
             raise storage_error(exc, f"examining {relative}/") from None
         if stat.S_ISDIR(found.st_mode):
             continue
-        if stat.S_ISLNK(found.st_mode):
-            kind, what = "symbolic_link", "a symbolic link"
-        else:
-            kind, what = "not_a_directory", "not a directory"
+        kind, what = (("symbolic_link", "a symbolic link") if stat.S_ISLNK(found.st_mode)
+                      else ("not_a_directory", "not a directory"))
         written, fix = (("archives are written", "make a directory in its place (with the "
                          "archive files it held)") if relative == ARCHIVE_DIRECTORY else
                         ("an archive's copy is made", "the next archive makes a new one (it "
@@ -160,16 +130,19 @@ def relative_name(journal_id: str) -> str:
 
 
 def archive_path(data_dir: str, anchor: dict) -> str:
-    """The absolute path of the archive an anchor names (always inside
-    ``data_dir/archive``, whatever the ``file`` field says)."""
-    return os.path.join(data_dir, ARCHIVE_DIRECTORY,
-                        os.path.basename(str(anchor.get("file", ""))))
+    """The archive an anchor names, always inside ``data_dir/archive``."""
+    return os.path.join(data_dir, ARCHIVE_DIRECTORY, os.path.basename(str(anchor.get("file", ""))))
 
 
-def _open(path: str) -> sqlite3.Connection:
-    """A read-only, immutable connection: archives are sealed, never written.
-    Like the journal's other files, an archive is never reached through a
-    symbolic link (of the file or of ``archive/``)."""
+def _read_only(path: str, options: str = "") -> sqlite3.Connection:
+    return sqlite3.connect("file:" + urllib.parse.quote(path) + "?mode=ro" + options, uri=True,
+                           isolation_level=None)
+
+
+def open_archive(data_dir: str, anchor: dict) -> sqlite3.Connection:
+    """A read-only, immutable connection to the archive ``anchor`` names (never
+    through a symbolic link).  Raises :class:`IntegrityError` ``archive_missing``."""
+    path = archive_path(data_dir, anchor)
     name = os.path.basename(path)
     try:
         directory, found = os.lstat(os.path.dirname(path)), os.lstat(path)
@@ -183,11 +156,10 @@ def _open(path: str) -> sqlite3.Connection:
                              f"{ARCHIVE_DIRECTORY} directory (a symbolic link or another kind of "
                              "file is never followed)")
     try:
-        return sqlite3.connect("file:" + urllib.parse.quote(path) + "?mode=ro&immutable=1",
-                               uri=True, isolation_level=None)
+        return _read_only(path, "&immutable=1")
     except sqlite3.Error as exc:
-        raise IntegrityError("archive_missing", f"archive {os.path.basename(path)} cannot be "
-                             f"opened ({exc})") from None
+        raise IntegrityError("archive_missing", f"archive {name} cannot be opened "
+                             f"({exc})") from None
 
 
 def _mismatch(anchor: dict, what: str) -> IntegrityError:
@@ -210,11 +182,10 @@ def _summary(connection: sqlite3.Connection, anchor: dict) -> tuple:
 
 
 def check_anchor(data_dir: str, anchor: dict) -> None:
-    """The archive ``anchor`` names exists and ends exactly where the anchor
-    says (journal id, count, head); cheap: two rows of one archive, whatever
-    the number of archives (older ones: :func:`verify_archive` on each, as
-    ``verify --all`` does).  Raises ``archive_missing`` or ``archive_mismatch``."""
-    with contextlib.closing(_open(archive_path(data_dir, anchor))) as connection:
+    """The archive ``anchor`` names exists and ends where it says (journal
+    id, count, head); reads two rows of one archive.  Raises
+    ``archive_missing`` or ``archive_mismatch``."""
+    with contextlib.closing(open_archive(data_dir, anchor)) as connection:
         journal_id, count, head, _ = _summary(connection, anchor)
     if (journal_id, count, head) != (anchor["journal_id"], anchor["count"], anchor["head"]):
         raise _mismatch(anchor, f"holds journal {journal_id} at {count} events ending "
@@ -223,9 +194,8 @@ def check_anchor(data_dir: str, anchor: dict) -> None:
 
 
 def _older_anchor(data_dir: str, anchor: dict) -> Optional[dict]:
-    """The anchor that the archive ``anchor`` names begins with (the next
-    older archive), or None.  Raises ``archive_missing``/``archive_mismatch``."""
-    with contextlib.closing(_open(archive_path(data_dir, anchor))) as connection:
+    """The next older archive's anchor, or None.  Raises as :func:`check_anchor`."""
+    with contextlib.closing(open_archive(data_dir, anchor)) as connection:
         first = _summary(connection, anchor)[3]
     earlier = decode_payload(first) if isinstance(first, str) else None
     if not (isinstance(earlier, dict) and earlier.get("kind") == "archived"):
@@ -242,8 +212,7 @@ def anchors(data_dir: str, anchor: Optional[dict]) -> list:
 
 
 def _walk(anchor: Optional[dict], older: Any) -> list:
-    """The anchors from ``anchor`` on, ``older(anchor)`` giving the next one;
-    ``archive_mismatch`` for a chain that loops."""
+    """The anchors from ``anchor`` on via ``older``; ``archive_mismatch`` on a loop."""
     found, seen = [], set()
     while anchor is not None and len(found) < MAX_ARCHIVES:
         if anchor.get("journal_id") in seen:
@@ -255,10 +224,8 @@ def _walk(anchor: Optional[dict], older: Any) -> list:
 
 
 def anchor_of(data_dir: str, anchor: Optional[dict], journal_id: str) -> Optional[dict]:
-    """The anchor of the archive of journal ``journal_id`` on the chain from
-    ``anchor`` (newest first), or None when the chain ends without it.  Opens
-    one archive per archive passed.  Raises ``archive_missing`` /
-    ``archive_mismatch`` for a chain broken on the way."""
+    """The anchor of journal ``journal_id``'s archive on the chain from
+    ``anchor``, or None.  Raises ``archive_missing``/``archive_mismatch``."""
     for _ in range(MAX_ARCHIVES):
         if not isinstance(anchor, dict):
             return None
@@ -270,10 +237,9 @@ def anchor_of(data_dir: str, anchor: Optional[dict], journal_id: str) -> Optiona
 
 def continues(data_dir: str, anchor: Optional[dict], journal_id: str, count: int,
               head: str) -> bool:
-    """Whether the chain of archives from ``anchor`` seals journal
-    ``journal_id`` with its first ``count`` events ending at ``head`` --
-    however many archives were made since: what a process verified before is
-    then archived history, not lost.  Raises as :func:`anchor_of`."""
+    """Whether the chain from ``anchor`` seals journal ``journal_id``'s first
+    ``count`` events ending at ``head`` (archived, not lost).  Raises as
+    :func:`anchor_of`."""
     found = anchor_of(data_dir, anchor, journal_id)
     if found is None:
         return False
@@ -284,12 +250,10 @@ def continues(data_dir: str, anchor: Optional[dict], journal_id: str, count: int
 
 
 def verify_archive(data_dir: str, anchor: dict, follow: bool = True) -> Chain:
-    """Verify one archive end to end (schema, every row, the anchor's summary);
-    returns its chain.  ``follow``: also check the next older archive's
-    anchor (:func:`check_anchor`; off when the caller verifies every archive
-    of the chain itself).  Raises :class:`IntegrityError` (the underlying
-    verdict is named in the message, the code is ``archive_mismatch``)."""
-    with contextlib.closing(_open(archive_path(data_dir, anchor))) as connection:
+    """Verify one archive end to end; returns its :class:`Chain`.  ``follow``:
+    also :func:`check_anchor` the next older one.  Raises
+    :class:`IntegrityError` ``archive_mismatch`` (naming the verdict)."""
+    with contextlib.closing(open_archive(data_dir, anchor)) as connection:
         try:
             chain = _verified_chain(connection, _summary(connection, anchor)[0])
         except JournalError as exc:
@@ -305,16 +269,13 @@ def verify_archive(data_dir: str, anchor: dict, follow: bool = True) -> Chain:
 
 
 def verify_every_archive(data_dir: str, anchor: Optional[dict]) -> list:
-    """Verify every archive of the chain from ``anchor`` end to end, each once
-    and with one connection (linear in events); returns their anchors,
-    newest first.  Raises as :func:`verify_archive`, and ``archive_mismatch``
-    for a chain that loops."""
+    """Verify every archive from ``anchor`` end to end, each once; returns
+    their anchors, newest first.  Raises as :func:`verify_archive`."""
     return _walk(anchor, lambda current: verify_archive(data_dir, current, follow=False).archive)
 
 
 def _verified_chain(connection: sqlite3.Connection, journal_id: Any) -> Chain:
-    """Every row of a journal database verified from its genesis (schema
-    first).  Raises :class:`JournalError` and ``sqlite3.Error``."""
+    """Every row verified from genesis.  Raises JournalError, sqlite3.Error."""
     schema_problem(connection)
     for exact in (None, set()):
         chain = Chain(journal_id=journal_id, schema=SCHEMA, count=0,
@@ -329,50 +290,35 @@ def _verified_chain(connection: sqlite3.Connection, journal_id: Any) -> Chain:
 
 def hash_at(data_dir: str, anchor: dict, seq: int) -> Optional[str]:
     """The stored hash of event ``seq`` of an archive (None if absent)."""
-    with contextlib.closing(_open(archive_path(data_dir, anchor))) as connection:
+    with contextlib.closing(open_archive(data_dir, anchor)) as connection:
         row = connection.execute(SQL_SELECT_HASH_AT, (seq,)).fetchone()
     return row[0] if row else None
 
 
-# ---------------------------------------------------------------- sealing --
-
 def start_copy(database_path: str, temp_path: str) -> None:
-    """A consistent copy of the live database (``VACUUM INTO`` from a read-only
-    connection: no writer lock is held for the long part) at ``temp_path``
-    (:func:`new_copy_path`), its directory made durably first."""
+    """``VACUUM INTO`` ``temp_path`` from a read-only connection (no writer
+    lock for the long part), its directory made durably first."""
     make_durable_directories(os.path.dirname(temp_path))
     with contextlib.suppress(FileNotFoundError):
         os.unlink(temp_path)
-    source = sqlite3.connect("file:" + urllib.parse.quote(database_path) + "?mode=ro", uri=True,
-                             isolation_level=None)
-    try:
+    with contextlib.closing(_read_only(database_path)) as source:
         source.execute("VACUUM INTO ?", (temp_path,))
-    finally:
-        source.close()
 
 
 def verify_copy(temp_path: str) -> Chain:
-    """Verify a copy made by :func:`start_copy` end to end, without the
-    writer lock; returns its chain (journal id, count, head).  The switch
-    then seals it only when it is exactly a prefix of the live journal (see
-    ``journal.Journal.archive``).  Raises :class:`JournalError` and
-    ``sqlite3.Error`` (the caller translates)."""
-    copy = sqlite3.connect("file:" + urllib.parse.quote(temp_path) + "?mode=ro", uri=True,
-                           isolation_level=None)
-    try:
+    """Verify a :func:`start_copy` copy end to end, without the writer lock;
+    returns its :class:`Chain`.  Raises JournalError and sqlite3.Error."""
+    with contextlib.closing(_read_only(temp_path)) as copy:
         journal_id = dict(copy.execute(SQL_SELECT_METADATA).fetchall()).get("journal_id")
         if not is_uuid(journal_id):
             raise IntegrityError("archive_mismatch", "the archive copy names no journal; "
                                  "nothing was switched")
         return _verified_chain(copy, journal_id)
-    finally:
-        copy.close()
 
 
 def refuse_unsealable(chain: Chain) -> None:
-    """Raise :class:`AdmissionRefused` ``archive_refused`` when ``chain``
-    cannot be sealed now: an operation open, a late outcome unacknowledged, or
-    nothing but its anchor to seal (docs/cli.md §archive)."""
+    """:class:`AdmissionRefused` ``archive_refused`` when ``chain`` has an
+    open or unacknowledged operation, or only its anchor (docs/cli.md §archive)."""
     if chain.open or chain.attention:
         raise AdmissionRefused("archive_refused", "an operation is unresolved or a late "
                                "outcome awaits acknowledgement: settle it first",
@@ -383,12 +329,9 @@ def refuse_unsealable(chain: Chain) -> None:
 
 
 def refuse_stale_copy(copied: Chain, live: Chain, live_hash_at_copied: Optional[str]) -> None:
-    """Under the writer lock: the verified copy must be a prefix of the live
-    journal -- the same journal, no longer, and the live hash at the copy's
-    last event equal to the copy's head.  Otherwise another archive switched
-    the segment away (or history changed) while this one copied, and sealing
-    the copy would throw committed events away: :class:`AdmissionRefused`
-    ``archive_refused``, nothing changed."""
+    """Under the writer lock: the copy must be a prefix of the live journal
+    (else another archive switched meanwhile and sealing would lose events):
+    :class:`AdmissionRefused` ``archive_refused``, nothing changed."""
     if (copied.journal_id == live.journal_id and copied.count <= live.count
             and live_hash_at_copied == copied.head):
         return
@@ -401,10 +344,8 @@ def refuse_stale_copy(copied: Chain, live: Chain, live_hash_at_copied: Optional[
 
 
 def refuse_taken_name(data_dir: str, journal_id: str) -> str:
-    """Under the writer lock, before the intent: the path the archive of
-    ``journal_id`` will have, refused (``archive_refused``) when anything
-    already has that name -- an archive is never replaced.  Checks the
-    directory again too (it may have been swapped since the copy began)."""
+    """Under the writer lock: the path of ``journal_id``'s archive, after
+    :func:`check_directory`; ``archive_refused`` if the name is taken."""
     check_directory(data_dir)
     final = archive_path(data_dir, {"file": relative_name(journal_id)})
     if os.path.lexists(final):
@@ -415,17 +356,14 @@ def refuse_taken_name(data_dir: str, journal_id: str) -> str:
 
 
 def discard(temp_path: str) -> None:
-    """Remove an unfinished copy and SQLite's ``-journal`` beside it (in
-    ``archive/copies/``; ``archive/copies/`` itself stays for the next
-    archive).  Never raises."""
+    """Remove an unfinished copy and its ``-journal``.  Never raises."""
     for path in (temp_path + suffix for suffix in _COPY_SUFFIXES):
         with contextlib.suppress(OSError):
             os.unlink(path)
 
 
 def finish_copy(temp_path: str, rows: list, chain: Chain) -> None:
-    """Add the rows committed since the copy began, check it ends at
-    ``chain``, and make it durable."""
+    """Add the rows since the copy began, check it ends at ``chain``, fsync."""
     copy = sqlite3.connect(temp_path, isolation_level=None)
     try:
         copy.execute("BEGIN IMMEDIATE")
@@ -441,9 +379,8 @@ def finish_copy(temp_path: str, rows: list, chain: Chain) -> None:
 
 
 def seal(temp_path: str, final_path: str) -> None:
-    """Read-only, renamed from ``archive/copies/`` to its final name in
-    ``archive/``; ``archive/`` (the new name), the copy's directory (the name
-    gone) and the data directory fsynced."""
+    """chmod 0400, rename into ``archive/``, fsync both directories and the data
+    directory."""
     os.chmod(temp_path, 0o400)  # read-only, and this user's alone
     os.replace(temp_path, final_path)
     archive_dir = os.path.dirname(final_path)
@@ -454,14 +391,10 @@ def seal(temp_path: str, final_path: str) -> None:
 
 def settle_switch(data_dir: str, files: Any, intent: Any, journal_id: Optional[str],
                   count: int, first_hash: Optional[str]) -> str:
-    """Finish or undo an interrupted switch, under the writer lock, from what
-    the database holds (``journal_id``, ``count``, the hash of event 1):
-    ``"undid"`` when it still names the sealed journal (the archive file and
-    copy this switch made are removed; head.json and the marker put back),
-    ``"finished"`` when it names the new journal with only its anchor
-    (head.json and the marker written for it).  ``files``: the data
-    directory's :class:`durable.DurableFiles`.  Removes the intent.  Raises
-    ``archive_interrupted`` for anything else, changing nothing."""
+    """Finish or undo a switch under the writer lock from what the database
+    holds: ``"undid"`` (still the sealed journal; head.json and marker put
+    back) or ``"finished"`` (the new journal, only its anchor).  ``files``: a
+    :class:`durable.DurableFiles`.  Else ``archive_interrupted``, nothing changed."""
     sealed = intent.get("from") if isinstance(intent, dict) else None
     target = intent.get("to") if isinstance(intent, dict) else None
     if (checkpoint_shape_problem(sealed) is not None or not is_uuid(sealed["journal_id"])
@@ -469,8 +402,7 @@ def settle_switch(data_dir: str, files: Any, intent: Any, journal_id: Optional[s
         raise IntegrityError("archive_interrupted", f"{INTENT_NAME} is not an intent this "
                              "plugin writes; nothing was changed: a person must look")
     if journal_id == sealed["journal_id"]:  # undo: the old history is live
-        # Only the two files this switch can have made, by their own names:
-        # never a path the intent spells out (it could name anything).
+        # Only names this switch makes, never a path the intent spells out.
         made = [archive_path(data_dir, {"file": relative_name(journal_id)}),
                 copy_path(data_dir, intent.get("temp"))]
         for path in filter(None, made):
@@ -507,8 +439,7 @@ def read_intent(data_dir: str) -> Optional[dict]:
         return None
     except OSError as exc:
         if exc.errno not in _NOT_AN_INTENT_FILE:
-            # Out of descriptors or memory, an I/O error: this process cannot
-            # read its files now; that says nothing about an archive switch.
+            # EMFILE, EIO...: says nothing about the switch.
             raise storage_error(exc, f"reading {INTENT_NAME}") from None
         raise IntegrityError("archive_interrupted", f"{INTENT_NAME} is not a regular file "
                              f"({exc})") from None

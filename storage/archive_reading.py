@@ -1,13 +1,9 @@
-"""Reading archived history for people: only what verified is printed
-(docs/cli.md §show, §log; docs/format.md §Archives).
+"""Reading archived history for ``show`` and ``log --all``: only what verified
+is printed (docs/cli.md §show, §log; docs/format.md §Archives).
 
-``show`` and ``log --all`` print events from archives.  An archive is verified
-end to end first (:func:`archive.verify_archive`), and the rows printed are
-read again with the hash chain recomputed row by row, ending at the anchor's
-count and head: so a row edited, an archive replaced or removed between the
-verification and the printing is never passed off as verified -- the reading
-ends with ``archive_mismatch`` / ``archive_missing`` instead.  No
-``sqlite3.Error`` leaves this module.
+Rows are read again with the hash chain recomputed, ending at the anchor's
+count and head, so an archive changed since its verification ends the reading
+with ``archive_mismatch``/``archive_missing``.  No ``sqlite3.Error`` leaves here.
 """
 from __future__ import annotations
 
@@ -22,9 +18,8 @@ from .schema import SQL_SELECT_OPERATION_EVENTS, SQL_SELECT_ROWS_AFTER
 
 
 def holding(data_dir: str, anchors_oldest_first: list, operation_id: str) -> Optional[dict]:
-    """The anchor of the archive whose events name ``operation_id`` (the
-    first, oldest first), or None.  A search only: nothing read here is
-    printed.  Raises :class:`IntegrityError` for an archive that cannot be read."""
+    """The first (oldest) archive's anchor whose events name ``operation_id``,
+    or None; a search, nothing printed.  Raises :class:`IntegrityError`."""
     needle = f'"operation_id":"{operation_id}"'
     for anchor in anchors_oldest_first:
         with _reading(data_dir, anchor) as connection:
@@ -36,18 +31,14 @@ def holding(data_dir: str, anchors_oldest_first: list, operation_id: str) -> Opt
 
 def verified_events(data_dir: str, anchor: dict,
                     operation_id: Optional[str] = None) -> Iterator[tuple]:
-    """``(seq, payload dict)`` of the archive ``anchor`` names (only those of
-    ``operation_id`` when given), each row's hash and link recomputed as it is
-    read; the caller has verified the archive end to end first
-    (:func:`archive.verify_archive`).  Streamed; the archive ends at exactly
-    the anchor's count and head or the reading raises ``archive_mismatch``
-    (after the rows already yielded: the caller ends its output with that
-    error).  Raises only :class:`IntegrityError`."""
+    """Stream ``(seq, payload dict)`` of an archive the caller verified (only
+    ``operation_id``'s when given), each row's hash recomputed.  Raises only
+    :class:`IntegrityError` ``archive_mismatch``, possibly after rows were
+    yielded, if it does not end at the anchor's count and head."""
     head, count = genesis_hash(anchor["journal_id"], SCHEMA), 0
     with _reading(data_dir, anchor) as connection:
         try:
-            for seq, payload, previous, stored in connection.execute(SQL_SELECT_ROWS_AFTER,
-                                                                     (0,)):
+            for seq, payload, previous, stored in connection.execute(SQL_SELECT_ROWS_AFTER, (0,)):
                 text = payload.decode("utf-8") if isinstance(payload, bytes) else None
                 if (seq != count + 1 or text is None or previous != head.encode("ascii")
                         or stored != event_hash(head, text).encode("ascii")):
@@ -65,9 +56,8 @@ def verified_events(data_dir: str, anchor: dict,
 
 @contextlib.contextmanager
 def _reading(data_dir: str, anchor: dict) -> Iterator[sqlite3.Connection]:
-    """A read-only connection to one archive; ``sqlite3.Error`` becomes
-    ``archive_mismatch``."""
-    connection = archive._open(archive.archive_path(data_dir, anchor))
+    """One archive's connection; ``sqlite3.Error`` becomes ``archive_mismatch``."""
+    connection = archive.open_archive(data_dir, anchor)
     try:
         yield connection
     except sqlite3.Error as exc:

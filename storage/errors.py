@@ -1,18 +1,6 @@
-"""The exception family of crash-recovery (docs/cli.md §Verdict codes).
-
-Every failure of the journal is a :class:`JournalError` carrying a short
-machine-readable ``code`` (the verdict code people, models and monitoring see)
-and a JSON-safe ``details`` dict.  The subclasses say what kind of failure it is:
-
-* :class:`IntegrityError` -- the journal, the checkpoint or the marker failed
-  verification; protected calls are refused until a person investigates;
-* :class:`JournalUnavailable` -- the journal cannot be used right now (locked,
-  unwritable, absent); nothing was changed;
-* :class:`AdmissionRefused` -- the request is valid but the journal's state
-  refuses it (an operation is open, an unknown operation id, ...);
-* :class:`EncodingError` -- a value has no canonical JSON form.
-
-This module imports nothing of ours: every other module may raise these.
+"""The exception family of crash-recovery (docs/cli.md §Verdict codes): a
+:class:`JournalError` with a machine-readable ``code`` and JSON-safe
+``details``; the subclasses say the kind.  Imports nothing of ours.
 """
 from __future__ import annotations
 
@@ -40,26 +28,21 @@ class JournalError(Exception):
 
 
 class IntegrityError(JournalError):
-    """The journal, the checkpoint or the marker failed verification
-    (docs/format.md §Verification; codes in docs/cli.md §Verdict codes)."""
+    """The journal, checkpoint or marker failed verification: protected calls
+    stay refused until a person acts (docs/format.md §Verification)."""
 
 
 class JournalUnavailable(JournalError):
-    """The journal cannot be used right now; nothing was changed.
-
-    Codes: ``database_locked``, ``storage_unavailable``, ``wal_unavailable``,
-    ``database_error``, ``journal_absent``, ``read_access_only``.
-    """
+    """The journal cannot be used right now; nothing was changed.  Codes:
+    ``database_locked``, ``storage_unavailable``, ``wal_unavailable``,
+    ``database_error``, ``journal_absent``, ``read_access_only``."""
 
 
 class AdmissionRefused(JournalError):
-    """The request is valid but the journal's state refuses it.
-
-    Codes: ``unresolved_operations`` (``details["operations"]`` lists them),
-    ``unknown_operation``, ``operation_not_open``, ``operation_not_pending``,
-    ``nothing_to_acknowledge``, ``invalid_request``, ``invalid_checkpoint``,
-    ``archive_refused``.
-    """
+    """The request is valid but the journal's state refuses it.  Codes:
+    ``unresolved_operations`` (``details["operations"]``), ``unknown_operation``,
+    ``operation_not_open``, ``operation_not_pending``, ``nothing_to_acknowledge``,
+    ``invalid_request``, ``invalid_checkpoint``, ``archive_refused``."""
 
 
 class EncodingError(JournalError, ValueError):

@@ -1,13 +1,10 @@
 """Which processes hold POSIX locks on a journal file: evidence for a person,
 never a verdict (docs/cli.md §status: ``writer_pid``, ``workers_running``).
 
-Linux lists every file lock in ``/proc/locks`` (kind, type, pid, device and
-inode, byte range), so this needs no descriptor of the file: opening and
-closing one would drop this process's own POSIX locks on it.  SQLite's locks
-are POSIX locks: every connection holds a read lock over the database's shared
-range (storage/wal_keeper.py), and the one writer holds byte 120 of ``-shm``
-(the WAL write lock) from ``BEGIN IMMEDIATE`` to COMMIT.  Where ``/proc/locks``
-does not exist (macOS), nothing is known (None).
+Read from Linux's ``/proc/locks``: no descriptor of the file is opened (closing
+one would drop this process's own POSIX locks).  Every SQLite connection holds a
+read lock on the database's shared range, the writer byte 120 of ``-shm``.
+Without ``/proc/locks`` (macOS) nothing is known (None).
 """
 from __future__ import annotations
 
@@ -21,10 +18,9 @@ WAL_WRITE_LOCK_OFFSET = 120
 
 def posix_lock_holders(path: str, first: int, last: int, *,
                        writes_only: bool = False) -> Optional[list]:
-    """Pids (sorted, each once; this process's own included) holding a POSIX
-    lock on ``path`` that overlaps bytes ``first``..``last`` (``writes_only``:
-    write locks only).  [] when the file is absent, None when unknown.  Open
-    file description locks have no pid and are left out.  Never raises."""
+    """Sorted pids (this process's included) with a POSIX lock on ``path``
+    overlapping bytes ``first``..``last`` (``writes_only``: write locks);
+    [] when the file is absent, None when unknown.  Never raises."""
     try:
         with open(PROC_LOCKS, "rb") as stream:
             listing = stream.read()
@@ -54,9 +50,8 @@ def posix_lock_holders(path: str, first: int, last: int, *,
 
 
 def flock_holders(device: int) -> Optional[list]:
-    """``(pid, inode)`` of every ``flock`` held for writing on a file of
-    ``device`` (``st_dev``), a file unlinked meanwhile included; None when
-    unknown.  Never raises."""
+    """``(pid, inode)`` of every write ``flock`` on a file of ``device``
+    (``st_dev``), unlinked files included; None when unknown.  Never raises."""
     try:
         with open(PROC_LOCKS, "rb") as stream:
             listing = stream.read()

@@ -1,18 +1,12 @@
 """Every log line the plugin writes is one line, whatever it names
 (docs/guard.md §Inside Hermes, Logging).
 
-Tool names, session and call ids, arguments' shapes and error texts come from
-models, tools and plugins.  A name holding a line break, a carriage return,
-an ANSI escape, a NUL, a bidirectional override or a lone surrogate would
-otherwise forge a second, official-looking line in ``agent.log`` (or, a lone
-surrogate, make the handler fail), and a person reading the log could act on
-it.  Each logger of the plugin is made by :func:`plugin_logger`, which
-attaches one filter: before a record is formatted, every control, format,
-line- or paragraph-separator character and lone surrogate in its message and
-its arguments is written as an escape (``\\n``, ``\\x1b``, ``\\u2028``,
-``\\udc80``), and a backslash as ``\\\\``; a traceback keeps its own line
-breaks, every line of it indented, so no text inside it starts a line of its
-own.  Pure standard library.
+Names and texts come from models and tools: a line break, ANSI escape, bidi
+override or lone surrogate in one could forge an official-looking line in
+``agent.log``.  :func:`plugin_logger` attaches a filter that writes every
+control, format, line/paragraph separator and lone surrogate in a record's
+message and arguments as an escape (``\\n``, ``\\x1b``, ``\\u2028``), a
+backslash as ``\\\\``, and indents every line of a traceback.
 """
 from __future__ import annotations
 
@@ -33,9 +27,7 @@ TRACEBACK_INDENT = "  | "
 
 def escaped(text: str, *, backslash: bool = True) -> str:
     """``text`` with every character that could break or disguise a log line
-    written as an escape; printable text unchanged.  ``backslash``: double a
-    backslash too (so an escape cannot be forged); off for a ``repr``, whose
-    backslashes are already its own escapes."""
+    escaped.  ``backslash``: double backslashes too (off for a ``repr``)."""
     if _SUSPECT.search(text) is None:
         return text
     return _SUSPECT.sub(_escape if backslash else _escape_keeping_backslash, text)
@@ -98,8 +90,7 @@ class EscapingFilter(logging.Filter):
 
 
 def indented_traceback(exc_info: Any) -> str:
-    """A traceback as text, escaped line by line, each line indented by
-    :data:`TRACEBACK_INDENT` (the formatter puts it below the message)."""
+    """A traceback, escaped line by line, each indented by :data:`TRACEBACK_INDENT`."""
     text = "".join(traceback.format_exception(*exc_info)).rstrip("\n")
     return "\n".join(TRACEBACK_INDENT + escaped(line) for line in text.split("\n"))
 
@@ -108,8 +99,7 @@ _FILTER = EscapingFilter()
 
 
 def plugin_logger(name: str) -> logging.Logger:
-    """The logger ``name`` with the escaping filter attached (once): every
-    logger of the plugin is made here."""
+    """The logger ``name`` with the escaping filter attached (once)."""
     logger = logging.getLogger(name)
     if _FILTER not in logger.filters:
         logger.addFilter(_FILTER)

@@ -1,14 +1,10 @@
 """Never hand SQLite a database file it would silently rewrite (docs/format.md
 §Files, rules a writer keeps).
 
-SQLite trusts the files beside a database: it deletes a ``-wal`` beside an empty
-database file, reads a non-SQLite file entirely from the WAL, and shows -- then
-checkpoints into the main file -- the pages of a WAL that belongs to another
-database.  Each of these would destroy the only copy of committed events, so
-:func:`refuse_rewritable_database` runs before a process's first connection to
-the journal and refuses them (``stray_wal``, ``missing_database``) without
-opening or changing anything.  ``database`` is a :class:`database.Database`
-(its ``path``, ``data_dir``, ``busy_timeout`` and ``survivors()``).
+SQLite deletes a ``-wal`` beside an empty database, reads a non-SQLite file
+entirely from the WAL, and checkpoints another database's WAL into the main
+file: each would destroy committed events.  ``database`` is a
+:class:`database.Database` (``path``, ``data_dir``, ``busy_timeout``, ``survivors()``).
 """
 from __future__ import annotations
 
@@ -19,8 +15,7 @@ import urllib.parse
 from typing import Any, Optional
 
 from . import archive
-from .durable import (file_size, foreign_file, foreign_file_type, read_regular_file,
-                      storage_error)
+from .durable import file_size, foreign_file, foreign_file_type, read_regular_file, storage_error
 from .errors import IntegrityError, JournalError, short
 from .record import (CHECKPOINT_NAME, DATABASE_NAME, KIND_ARCHIVED, MARKER_NAME, SHM_SUFFIX,
                      WAL_SUFFIX, genesis_hash)
@@ -31,17 +26,11 @@ SQLITE_FILE_HEADER = b"SQLite format 3\x00"
 
 
 def refuse_rewritable_database(database: Any) -> None:
-    """Never hand SQLite a database file it would silently rewrite.
-
-    SQLite deletes a ``-wal`` beside an empty database file (even when
-    opened read-only) -- possibly the only copy of the journal -- and reads
-    a non-SQLite file entirely from the WAL: both are a stray WAL beside a
-    replaced database (``stray_wal``).  An empty file beside the marker or
-    checkpoint would get a fresh header (``missing_database``).  Nothing is
-    opened or changed in either case.  A journal file's name holding
-    something else than a regular file (a symbolic link, directory, FIFO or
-    device) is ``foreign_file``, before anything is read through it.
-    """
+    """Before a process's first connection: raise :class:`IntegrityError`
+    ``foreign_file`` (a journal file's name holds a link, directory, FIFO,
+    device), ``stray_wal`` (a non-empty WAL beside an empty, non-SQLite or
+    other journal's database) or ``missing_database`` (an empty database
+    beside the marker or checkpoint).  Opens and changes nothing."""
     for name in (DATABASE_NAME, DATABASE_NAME + WAL_SUFFIX, DATABASE_NAME + SHM_SUFFIX,
                  CHECKPOINT_NAME, MARKER_NAME):
         path = os.path.join(database.data_dir, name)
@@ -49,8 +38,7 @@ def refuse_rewritable_database(database: Any) -> None:
         if kind is not None:
             raise foreign_file(path, kind)
     try:
-        header = read_regular_file(database.path, len(SQLITE_FILE_HEADER))
-        header = header[:len(SQLITE_FILE_HEADER)]
+        header = read_regular_file(database.path, len(SQLITE_FILE_HEADER))[:len(SQLITE_FILE_HEADER)]
     except FileNotFoundError:
         return  # removed meanwhile: SQLite and the identity checks decide
     except OSError as exc:
@@ -74,22 +62,12 @@ def refuse_rewritable_database(database: Any) -> None:
 
 
 def _check_wal_owner(database: Any) -> None:
-    """A WAL is not bound to its database file: beside a database replaced by
-    another journal's, SQLite shows the WAL's pages -- and the first writer
-    to close would checkpoint them into the replacement, deleting the only
-    copy of the events in the WAL.  So before a writable connection exists,
-    the main file on its own (``immutable=1`` ignores the WAL) is compared
-    with the WAL's view (read-only: never checkpoints) and with head.json.
-
-    Only the main file's *metadata* is trusted: a crash during a checkpoint
-    can leave torn event pages there (the WAL still holds them whole);
-    metadata is rewritten by a checkpoint only after an archive switch,
-    whose successor journal is recognised.  A stray WAL shows as: another
-    journal in the WAL's view (unless its first event links to the main
-    file's genesis: metadata edited through SQLite, which verification
-    names); a first event not linked to the genesis of a main file without
-    events; or the WAL's view holding head.json's head while head.json
-    and the marker name another journal than the main file."""
+    """``stray_wal`` when the WAL belongs to another database (a writer would
+    checkpoint it into this one): the main file alone (``immutable=1``; only
+    its metadata trusted) against the WAL's view and head.json.  Stray:
+    another journal in the WAL whose event 1 neither links to the main
+    genesis nor anchors it; event 1 unlinked to an eventless main genesis; or
+    the WAL holding head.json's head while head.json and marker name another."""
     if file_size(database.path + WAL_SUFFIX) <= 0:
         return
     quoted = "file:" + urllib.parse.quote(database.path)
@@ -100,9 +78,7 @@ def _check_wal_owner(database: Any) -> None:
             return
         with_wal = _view(database, quoted + "?mode=ro", checkpoint[1] if checkpoint else None)
     except sqlite3.Error:
-        # Deliberately not translated: a main file without tables yet (nothing
-        # checkpointed), one being checkpointed right now, or a database the
-        # real open reports on is no evidence here.
+        # No evidence (no tables yet, a checkpoint running): the real open decides.
         return
     journal_id = main_only["journal_id"]
     if with_wal is None or (with_wal["journal_id"] != journal_id and _anchors(
@@ -127,8 +103,7 @@ def _check_wal_owner(database: Any) -> None:
 
 
 def _checkpoint_named(database: Any) -> Optional[tuple]:
-    """``(journal_id, count, head)`` of head.json, None when unreadable
-    (verification reports that)."""
+    """``(journal_id, count, head)`` of head.json, or None when unreadable."""
     try:
         checkpoint = json.loads(read_regular_file(os.path.join(database.data_dir,
                                                                CHECKPOINT_NAME)))
@@ -147,11 +122,9 @@ def _marker_names(database: Any) -> Optional[str]:
 
 
 def _view(database: Any, uri: str, seq: Optional[int]) -> Optional[dict]:
-    """What one read-only view of the database shows, from one snapshot:
-    ``journal_id``, ``schema``, ``last_seq`` (0 without events), ``hash_at``
-    (the hash at ``seq``, None without it), ``first_previous`` and
-    ``first_payload`` (of event 1, None without it); None without a journal
-    id.  ``sqlite3.Error`` propagates."""
+    """One snapshot's ``journal_id``, ``schema``, ``last_seq`` (0: none),
+    ``hash_at`` (at ``seq``), ``first_previous``, ``first_payload`` (None
+    where absent); None without a journal id.  ``sqlite3.Error`` propagates."""
     probe = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=database.busy_timeout)
     try:
         probe.execute("BEGIN")
@@ -170,11 +143,9 @@ def _view(database: Any, uri: str, seq: Optional[int]) -> Optional[dict]:
 
 
 def _anchors(data_dir: str, payload: Any, sealed_journal_id: str) -> bool:
-    """Whether ``payload`` (event 1's text) is an archive anchor whose chain
-    of archives reaches the journal ``sealed_journal_id`` (docs/format.md
-    §Archives): after one switch or several, the new journal may live only
-    in the WAL until the next checkpoint.  A chain that cannot be followed
-    (an archive missing or damaged) does not count."""
+    """Whether event 1's ``payload`` is an anchor whose chain reaches journal
+    ``sealed_journal_id`` (a switch's successor may live only in the WAL); a
+    broken chain does not count."""
     try:
         first = json.loads(payload) if isinstance(payload, str) else None
     except (ValueError, RecursionError):

@@ -1,25 +1,12 @@
 """Whether this platform can give the journal's guarantees (README
 §Supported platforms, docs/guard.md §Platforms).
 
-The guarantees need three things of the operating system and the file system
-under the data directory:
-
-* ``fcntl`` (``flock``): the owner lock that tells a running call from a dead
-  one and keeps two workers from running protected calls at once (absent on
-  native Windows);
-* ``fsync`` of a directory: a created or renamed file (``head.json``, the
-  journal) survives a power loss (refused on some platforms and file systems);
-* a local file system: SQLite's WAL mode and POSIX locks are not reliable over
-  a network file system (NFS, SMB/CIFS, sshfs, ...).  Detected on Linux from
-  ``/proc/mounts``; elsewhere it cannot be detected, nor where that table lists
-  no mount holding the data directory (inside a chroot whose root is not a
-  mount point the kernel leaves out every mount outside it): the check then
-  passes, as on macOS, rather than refuse every protected call in every such
-  chroot.
-
-:func:`platform_problem` names the first that is missing, with what to do.
-Where one is missing the plugin still loads: protected calls are refused
-(``platform_unsupported``) and ``status`` says why; unprotected tools run.
+Needed: ``fcntl`` (the owner lock; absent on native Windows), ``fsync`` of a
+directory (created and renamed files survive a power loss), and a local file
+system (WAL mode and POSIX locks are unreliable over NFS, SMB, sshfs...; known
+only from Linux's ``/proc/mounts``, else the check passes, as in a chroot whose
+table lists no mount holding the directory).  Where one is missing, protected
+calls are refused (``platform_unsupported``) and ``status`` says why.
 """
 from __future__ import annotations
 
@@ -41,9 +28,8 @@ WHAT_TO_DO = ("Run Hermes on Linux or macOS (on Windows: inside WSL2) with the p
 
 
 def platform_problem(data_dir: str) -> Optional[str]:
-    """Why the journal's guarantees cannot hold for ``data_dir`` here (with
-    what to do), or None.  Never raises; checks the directory itself or, before
-    it exists, its nearest existing parent."""
+    """Why the guarantees cannot hold for ``data_dir`` (or its nearest
+    existing parent), with what to do, or None.  Never raises."""
     try:
         importlib.import_module("fcntl")
     except ImportError:
@@ -64,9 +50,8 @@ def platform_problem(data_dir: str) -> Optional[str]:
 
 
 def mounted_file_system(path: str) -> Optional[str]:
-    """The type of the file system ``path`` is on, from the Linux mount table
-    (the mount point that is the longest prefix of its real path); None where
-    there is no mount table or it cannot be read."""
+    """The file system type of ``path`` from the Linux mount table (longest
+    mount point prefix of its real path); None without a readable table."""
     try:
         with open(MOUNTS_TABLE, encoding="utf-8", errors="replace") as table:
             lines = table.read().splitlines()
@@ -101,18 +86,14 @@ def _nearest_existing(path: str) -> str:
     return path
 
 
-# What fsync of a directory answers where the platform or file system does not
-# support it; any other error (EIO, ENOSPC, ...) is a storage failure, reported
-# as storage_unavailable when the journal writes, never as a platform verdict.
+# A directory fsync's "unsupported" answers; others (EIO, ENOSPC) are storage failures.
 UNSUPPORTED_FSYNC_ERRNOS = frozenset(
     code for code in (getattr(errno, name, None) for name in ("EINVAL", "ENOTSUP", "EOPNOTSUPP"))
     if code is not None)
 
 
 def _directory_fsync_error(directory: str) -> Optional[str]:
-    """None when ``directory`` can be fsynced (or fails for a reason that is
-    not the platform's: reported when the journal opens or writes), else the
-    error that says the platform cannot."""
+    """The error saying the platform cannot fsync ``directory``, else None."""
     try:
         descriptor = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     except OSError:
@@ -122,7 +103,6 @@ def _directory_fsync_error(directory: str) -> Optional[str]:
     except OSError as exc:
         if exc.errno in UNSUPPORTED_FSYNC_ERRNOS:
             return f"{type(exc).__name__}: {exc.strerror or exc}"
-        return None
     finally:
         os.close(descriptor)
     return None

@@ -14,21 +14,16 @@ SQL_CREATE_METADATA = "CREATE TABLE metadata(key TEXT PRIMARY KEY, value TEXT NO
 SQL_CREATE_EVENTS = ("CREATE TABLE events(seq INTEGER PRIMARY KEY, payload TEXT NOT NULL, "
                      "previous TEXT NOT NULL, hash TEXT NOT NULL)")
 _APPEND_ONLY = "SELECT RAISE(ABORT, 'crash-recovery: the journal is append-only'); END"
-# Append-only enforcement (docs/format.md §Tables): no row of either table can be
-# changed or removed through SQLite, and events can only be added at the end.
-# Removing a trigger changes the schema cookie, which every process notices.
+# Append-only (docs/format.md §Tables): events only added at the end, no row changed
+# or removed.  Dropping a trigger changes the schema cookie, which every process notices.
 TRIGGERS = {
     "events_append_only": ("CREATE TRIGGER events_append_only BEFORE INSERT ON events WHEN "
                            "NEW.seq IS NOT (SELECT coalesce(max(seq), 0) + 1 FROM events) BEGIN "
                            + _APPEND_ONLY),
-    "events_no_update": "CREATE TRIGGER events_no_update BEFORE UPDATE ON events BEGIN " + _APPEND_ONLY,
-    "events_no_delete": "CREATE TRIGGER events_no_delete BEFORE DELETE ON events BEGIN " + _APPEND_ONLY,
-    "metadata_no_insert": ("CREATE TRIGGER metadata_no_insert BEFORE INSERT ON metadata BEGIN "
-                           + _APPEND_ONLY),
-    "metadata_no_update": ("CREATE TRIGGER metadata_no_update BEFORE UPDATE ON metadata BEGIN "
-                           + _APPEND_ONLY),
-    "metadata_no_delete": ("CREATE TRIGGER metadata_no_delete BEFORE DELETE ON metadata BEGIN "
-                           + _APPEND_ONLY),
+    **{f"{table}_no_{change}": f"CREATE TRIGGER {table}_no_{change} BEFORE {change.upper()} ON "
+       f"{table} BEGIN " + _APPEND_ONLY
+       for table, change in (("events", "update"), ("events", "delete"), ("metadata", "insert"),
+                             ("metadata", "update"), ("metadata", "delete"))},
 }
 # The schema objects a journal consists of: (type, name) -> SQL (None: SQLite's own index).
 SCHEMA_OBJECTS = {("table", "metadata"): SQL_CREATE_METADATA,
@@ -38,8 +33,7 @@ SCHEMA_OBJECTS = {("table", "metadata"): SQL_CREATE_METADATA,
 SQL_INSERT_METADATA = "INSERT INTO metadata(key, value) VALUES (?, ?)"
 SQL_SELECT_TABLES = "SELECT name FROM sqlite_master WHERE type = 'table'"
 SQL_SELECT_SCHEMA = "SELECT type, name, sql FROM sqlite_master"
-# Rows for verification: the stored UTF-8 bytes of each text column, or NULL where
-# the stored value is not text (chain.extend_chain compares bytes: no decoding).
+# Each text column's stored UTF-8 bytes, NULL where not text (extend_chain compares bytes).
 SQL_SELECT_ROWS_AFTER = (
     "SELECT seq, CASE WHEN typeof(payload) = 'text' THEN CAST(payload AS BLOB) END, "
     "CASE WHEN typeof(previous) = 'text' THEN CAST(previous AS BLOB) END, "
@@ -64,8 +58,7 @@ SQL_SELECT_METADATA_VALUE = "SELECT value FROM metadata WHERE key = ?"
 SQL_SELECT_HASH_AT = "SELECT hash FROM events WHERE seq = ?"
 SQL_SELECT_LAST_EVENT = "SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1"
 SQL_COUNT_EVENTS = "SELECT count(*) FROM events"
-# An archive switch empties the live tables inside its transaction (triggers dropped
-# first, re-created with the new journal's metadata).
+# An archive switch empties the tables in its transaction (triggers dropped, re-made).
 SQL_DROP_TRIGGER = 'DROP TRIGGER IF EXISTS "{name}"'
 SQL_EMPTY_EVENTS = "DELETE FROM events"
 SQL_EMPTY_METADATA = "DELETE FROM metadata"
@@ -78,15 +71,10 @@ def _normalized(sql: Optional[str]) -> Optional[str]:
 
 
 def schema_problem(connection: sqlite3.Connection) -> Optional[tuple]:
-    """Check ``sqlite_master`` against :data:`SCHEMA_OBJECTS`.
-
-    Returns None when every object is ours and every trigger is present, or
-    ``("missing", names)`` when only append-only triggers are missing (a
-    journal from before they existed, or one whose triggers someone dropped).
-    Raises :class:`IntegrityError` ``foreign_schema_object`` for anything
-    else: a table, index, view or trigger the plugin did not create, or one of
-    its own objects altered.  ``sqlite3.Error`` propagates.
-    """
+    """Check ``sqlite_master`` against :data:`SCHEMA_OBJECTS`: None when all
+    is ours and present, ``("missing", names)`` when only triggers are
+    missing.  Raises :class:`IntegrityError` ``foreign_schema_object`` for an
+    object not ours or altered; ``sqlite3.Error`` propagates."""
     expected = {key: _normalized(sql) for key, sql in SCHEMA_OBJECTS.items()}
     missing = set(expected)
     for kind, name, sql in connection.execute(SQL_SELECT_SCHEMA):
@@ -110,19 +98,19 @@ def create_schema(connection: sqlite3.Connection, journal_id: str) -> None:
     connection.execute(SQL_CREATE_EVENTS)
     create_schema_rows(connection, journal_id)
 
+
 def create_schema_rows(connection: sqlite3.Connection, journal_id: str) -> None:
-    """The metadata rows and the triggers, into existing (empty, trigger-less)
-    tables, inside the caller's write transaction.  ``created_ns`` records when
-    the journal (or the segment an archive switch starts) began: the earliest
-    time any of its calls can have run (docs/format.md §Tables)."""
+    """Metadata rows and triggers into empty, trigger-less tables, inside the
+    caller's write transaction; ``created_ns``: when the journal or segment
+    began, before any of its calls (docs/format.md §Tables)."""
     connection.execute(SQL_INSERT_METADATA, ("journal_id", journal_id))
     connection.execute(SQL_INSERT_METADATA, ("schema", SCHEMA))
     connection.execute(SQL_INSERT_METADATA, (CREATED_KEY, str(time.time_ns())))
     for sql in TRIGGERS.values():
         connection.execute(sql)
 
+
 def create_triggers(connection: sqlite3.Connection, names: list) -> None:
-    """(Re-)create the named append-only triggers inside the caller's write
-    transaction."""
+    """(Re-)create the named triggers inside the caller's write transaction."""
     for name in names:
         connection.execute(TRIGGERS[name])
