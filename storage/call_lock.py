@@ -303,11 +303,15 @@ def _held_unnamed(data_dir: str) -> list:
 
 
 def _deleted_but_held(data_dir: str, device: int) -> list:
-    """Calls whose lock file was deleted by hand while its worker still holds
-    the lock: the worker may still record an outcome, but no name shows it.
-    Found from the kernel's list of locks and each holder's open files (same
-    user: ``/proc/<pid>/fd``).  [] where that cannot be read."""
-    prefix = os.path.join(os.path.realpath(data_dir), CALLS_DIRECTORY) + os.sep
+    """Calls whose lock file no longer stands at its name while its worker
+    still holds the lock -- deleted by hand, or moved (the file, or calls/
+    itself) anywhere inside the data directory: the worker may still record an
+    outcome, but no name shows it.  Found from the kernel's list of locks and
+    each holder's open files (same user: ``/proc/<pid>/fd``); the operation is
+    the file's tag (or, deleted, its name).  A lock file moved out of the data
+    directory is not found (docs/guard.md §Late outcomes).  [] where that
+    cannot be read."""
+    inside = os.path.realpath(data_dir) + os.sep
     found = []
     for pid, inode in lock_holders.flock_holders(device) or ():
         try:
@@ -318,17 +322,18 @@ def _deleted_but_held(data_dir: str, device: int) -> list:
             path = f"/proc/{pid}/fd/{descriptor}"
             try:
                 target = os.readlink(path)
-                if not (target.startswith(prefix) and target.endswith(" (deleted)")
-                        and os.stat(path).st_ino == inode):
+                if not target.startswith(inside) or os.stat(path).st_ino != inode:
                     continue
                 with open(path, "rb") as stream:
                     tag = json.loads(stream.read(4096) or b"null")
             except (OSError, ValueError):
                 continue
-            name = target[len(prefix):-len(" (deleted)")]
-            if is_uuid(name):
-                tag = tag if isinstance(tag, dict) else {}
-                found.append({"operation_id": name, "pid": tag.get("pid", pid),
+            tag = tag if isinstance(tag, dict) else {}
+            name = os.path.basename(target.removesuffix(" (deleted)"))
+            operation_id = tag.get("operation_id")
+            operation_id = operation_id if is_uuid(operation_id) else name
+            if is_uuid(operation_id):
+                found.append({"operation_id": operation_id, "pid": tag.get("pid", pid),
                               "process_start": tag.get("process_start")})
     return found
 

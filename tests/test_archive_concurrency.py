@@ -525,6 +525,46 @@ class OutcomeStillOut(ArchiverCase):
         self.assertEqual(kinds, ["started", "resolved", "late_outcome"])
         self.assertAllVerify(0)
 
+    def test_a_running_call_whose_lock_file_was_moved_still_reads_running(self):
+        # Moved by hand: the file inside the data directory, or calls/ itself.
+        for move in ("file", "directory"):
+            with self.subTest(move=move):
+                worker = Paused(self, WAITING_WORKER, self.data_dir, "slow-" + move)
+                self.assertEqual(worker.first_line, "running")
+                [operation] = run_cli(self.data_dir, "status")[1]["unresolved"]
+                operation_id = operation["operation_id"]
+                calls = os.path.join(self.data_dir, "calls")
+                if move == "file":
+                    moved = os.path.join(self.data_dir, "moved-lock")
+                    os.rename(os.path.join(calls, operation_id), moved)
+                else:
+                    moved = calls + ".bak"
+                    os.rename(calls, moved)
+                status = run_cli(self.data_dir, "status")[1]
+                self.assertEqual((status["gate"], status["in_flight"]["operation_id"],
+                                  [item["owner"] for item in status["unresolved"]]),
+                                 ("busy", operation_id, ["running"]))
+                code, result, text = run_cli(self.data_dir, "resolve", operation_id,
+                                             "--outcome", "not_applied", "--evidence", "gone?")
+                self.assertEqual((code, result["error"]["code"]), (1, "owner_running"), text)
+                code, result, text = run_cli(self.data_dir, "resolve", operation_id, "--outcome",
+                                             "not_applied", "--force", "--evidence", "hung")
+                self.assertEqual(code, 0, text)
+                before = logical_snapshot(self)
+                code, refused, text = run_cli(self.data_dir, "archive")
+                self.assertEqual((code, refused["error"]["code"]), (1, "owner_running"), text)
+                self.assertEqual(logical_snapshot(self), before)
+                code, output, text = worker.release()
+                self.assertEqual((code, output), (0, json.loads(BOOKED)), text)
+                kinds = [kind for _, kind, op in all_events(self.data_dir) if op == operation_id]
+                self.assertEqual(kinds, ["started", "resolved", "late_outcome"])
+                self.assertEqual(run_cli(self.data_dir, "acknowledge", operation_id, "--evidence",
+                                         "checked with the service")[0], 0)
+                if move == "file":
+                    os.unlink(moved)
+                else:
+                    shutil.rmtree(moved)
+
     def test_a_running_call_whose_lock_file_was_deleted_still_reads_running(self):
         worker = Paused(self, WAITING_WORKER, self.data_dir, "slow")
         self.assertEqual(worker.first_line, "running")
