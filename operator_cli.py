@@ -387,7 +387,7 @@ def _print_log(result: dict, *, jsonl: bool, text: bool) -> int:
     if jsonl:
         lines: Iterator[str] = (json_text(event, None) for event in events)
     elif text:
-        lines = log_text_lines(result)
+        lines = log_text_lines({**result, "events": events})  # failures named, as below
     else:
         # The verdict comes last: it covers every event above it.
         head = json_text({key: value for key, value in result.items()

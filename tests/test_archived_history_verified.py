@@ -106,6 +106,36 @@ class ArchivedHistoryIsVerifiedBeforeItIsPrinted(JournalTestCase):
         os.unlink(self.archive_file)
         self.assertRefusedEverywhere({"archive_missing"})
 
+    def test_a_read_error_while_printing_ends_every_form_unverified_alike(self):
+        # An I/O error after the first event: the text form names it as the others do.
+        codes = {}
+        for form in ("json", "jsonl", "text"):
+            with self.subTest(form=form):
+                args = operator_cli.build_parser().parse_args(
+                    ["--data-dir", self.data_dir, "log", "--all"]
+                    + (["--jsonl"] if form == "jsonl" else []))
+                result, ok = run_command("log", args, self.data_dir, Journal)
+                self.assertTrue(ok)
+
+                def failing(events=result["events"]):
+                    yield next(events)
+                    raise OSError(5, "Input/output error")
+                result["events"] = failing()
+                printed = io.StringIO()
+                with contextlib.redirect_stdout(printed):
+                    code = operator_cli._print_log(result, jsonl=form == "jsonl",
+                                                   text=form == "text")
+                self.assertEqual(code, 1)
+                last = printed.getvalue().splitlines()[-1]
+                if form == "json":
+                    codes[form] = json.loads(printed.getvalue())["error"]["code"]
+                elif form == "jsonl":
+                    codes[form] = json.loads(last)["error"]["code"]
+                else:
+                    self.assertTrue(last.startswith("NOT VERIFIED: "), last)
+                    codes[form] = last.split(": ")[1]
+        self.assertEqual(codes, dict.fromkeys(("json", "jsonl", "text"), "storage_unavailable"))
+
     def test_an_archive_changed_while_it_is_printed_ends_the_document_unverified(self):
         for form in ("json", "jsonl", "text"):
             with self.subTest(form=form):
