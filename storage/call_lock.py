@@ -144,13 +144,11 @@ class CallLock:
         if fcntl is None:
             return
         self._pid = os.getpid()
-        directory = _open_directory(self.data_dir, create=True)
-        forksafe.close_in_child(directory)
+        directory = forksafe.open_registered(lambda: _open_directory(self.data_dir, create=True))
         self._directory = directory
         temp = f".{self.operation_id}.{os.getpid()}.tmp"
-        descriptor = os.open(temp, os.O_RDWR | os.O_CREAT | os.O_EXCL | _FILE_FLAGS, 0o600,
-                             dir_fd=directory)
-        forksafe.close_in_child(descriptor)
+        descriptor = forksafe.open_registered(lambda: os.open(
+            temp, os.O_RDWR | os.O_CREAT | os.O_EXCL | _FILE_FLAGS, 0o600, dir_fd=directory))
         self._descriptor = descriptor
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new file: free

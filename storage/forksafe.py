@@ -19,7 +19,9 @@ rules keep the parent's journal safe:
   lock (storage/head_lock.py) would keep it held for as long as the child
   lives, after the parent let go.  Such descriptors are registered here
   (:func:`close_in_child`); the one fork handler of the plugin closes them in
-  the child *without unlocking* (the lock stays the parent's).
+  the child *without unlocking* (the lock stays the parent's).  A descriptor
+  is opened and registered in one step (:func:`open_registered`): a fork in
+  another thread waits for both, so no child inherits one unregistered.
 
 Standard library only.
 """
@@ -27,8 +29,12 @@ from __future__ import annotations
 
 import os
 import threading
+from typing import Callable
 
 _LOCK = threading.Lock()
+# Held across a lock descriptor's open and registration, and by a fork (before
+# it, until it returns in the parent).
+_FORK_GATE = threading.Lock()
 # Descriptors a forked child closes at once (flocks of the parent's).
 _CLOSE_IN_CHILD: set = set()
 # Objects a child must never finalize (an SQLite connection's destructor would
@@ -47,6 +53,18 @@ def close_in_child(descriptor: int) -> None:
         _CLOSE_IN_CHILD.add(descriptor)
 
 
+def open_registered(opener: Callable[[], int]) -> int:
+    """``opener()`` -- an ``os.open`` of a file or directory to lock -- and
+    :func:`close_in_child` of the descriptor it returns, with no fork between
+    (a flock taken later belongs to the open file description, which a child
+    forked in between would share for its whole life).  Raises what ``opener``
+    raises."""
+    with _FORK_GATE:
+        descriptor = opener()
+        close_in_child(descriptor)
+    return descriptor
+
+
 def forget(descriptor: int) -> None:
     """``descriptor`` is about to be closed by its owner: not the child's business."""
     with _LOCK:
@@ -60,8 +78,9 @@ def abandon(resource: object) -> None:
 
 
 def _close_inherited_descriptors() -> None:
-    global _LOCK
+    global _LOCK, _FORK_GATE
     _LOCK = threading.Lock()  # another thread may have held it at the fork
+    _FORK_GATE = threading.Lock()  # held by the fork itself
     for descriptor in _CLOSE_IN_CHILD:
         try:
             os.close(descriptor)
@@ -71,4 +90,6 @@ def _close_inherited_descriptors() -> None:
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_close_inherited_descriptors)
+    os.register_at_fork(before=lambda: _FORK_GATE.acquire(),
+                        after_in_parent=lambda: _FORK_GATE.release(),
+                        after_in_child=_close_inherited_descriptors)

@@ -83,7 +83,7 @@ class HeadLock:
         if held is not None:
             raise RuntimeError("head lock: a shared holder cannot take it exclusively")
         try:
-            descriptor = os.open(self.data_dir, _DIRECTORY_FLAGS)
+            descriptor = forksafe.open_registered(lambda: os.open(self.data_dir, _DIRECTORY_FLAGS))
         except PermissionError:
             if exclusive:
                 raise JournalUnavailable("storage_unavailable", f"the data directory "
@@ -93,7 +93,6 @@ class HeadLock:
         except OSError as exc:
             raise JournalUnavailable("storage_unavailable", f"the data directory cannot be "
                                      f"opened ({exc.strerror or exc})") from None
-        forksafe.close_in_child(descriptor)
         try:
             self._take(descriptor, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
             holding[self._key] = "exclusive" if exclusive else "shared"
@@ -103,7 +102,10 @@ class HeadLock:
                 holding.pop(self._key, None)
         finally:
             forksafe.forget(descriptor)
-            os.close(descriptor)  # drops the lock
+            with contextlib.suppress(OSError):
+                # Explicitly: a child forked since the forget shares the lock.
+                fcntl.flock(descriptor, fcntl.LOCK_UN)
+            os.close(descriptor)
 
     def _take(self, descriptor: int, mode: int) -> None:
         deadline = None

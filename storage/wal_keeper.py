@@ -76,7 +76,8 @@ class WalKeeper:
     def hold(self, timeout: float) -> None:
         if not SUPPORTED:
             return
-        descriptor = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        descriptor = forksafe.open_registered(
+            lambda: os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC))
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -84,13 +85,14 @@ class WalKeeper:
                 break
             except OSError as exc:
                 if exc.errno in _NOT_SUPPORTED_HERE:  # this file system: SQLite's rules only
+                    forksafe.forget(descriptor)
                     os.close(descriptor)
                     return
                 if exc.errno not in (errno.EAGAIN, errno.EACCES) or time.monotonic() > deadline:
+                    forksafe.forget(descriptor)
                     os.close(descriptor)
                     raise
             time.sleep(_PAUSE_SECONDS)  # another process is closing it right now
-        forksafe.close_in_child(descriptor)
         self._descriptor = descriptor
 
     def let_go(self) -> None:

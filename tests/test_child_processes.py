@@ -12,6 +12,8 @@ import multiprocessing
 import os
 import signal
 import sys
+import tempfile
+import threading
 import time
 import unittest
 
@@ -155,3 +157,56 @@ class ChildProcesses(ReliabilityCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class ForkWhileALockIsOpened(unittest.TestCase):
+    """A fork in another thread between a lock descriptor's open and its
+    registration (storage/forksafe.py ``open_registered``) waits for both, so
+    the child closes the descriptor: it never shares a lock taken later."""
+
+    def test_a_child_forked_during_the_open_closes_the_descriptor(self):
+        from crash_recovery.storage import forksafe
+        path = os.path.join(self.enterContext(tempfile.TemporaryDirectory()), "lock")
+        opened, proceed = threading.Event(), threading.Event()
+        descriptors = []
+
+        def opener():
+            descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            descriptors.append(descriptor)
+            opened.set()
+            proceed.wait(60)  # the window: open, not yet registered
+            return descriptor
+
+        opening = threading.Thread(target=lambda: forksafe.open_registered(opener))
+        opening.start()
+        self.assertTrue(opened.wait(60))
+        reading, writing = os.pipe()
+        children = []
+
+        def fork():
+            pid = os.fork()
+            if pid == 0:  # the child: is the parent's descriptor still open here?
+                try:
+                    os.fstat(descriptors[0])
+                    answer = b"open"
+                except OSError:
+                    answer = b"closed"
+                os.write(writing, answer)
+                os._exit(0)
+            children.append(pid)
+
+        forking = threading.Thread(target=fork)
+        forking.start()
+        # Code without the gate forks now, inside the window; with it the fork
+        # waits for the registration, however long this pause.
+        forking.join(0.5)
+        proceed.set()
+        opening.join(60)
+        forking.join(60)
+        os.close(writing)
+        with os.fdopen(reading, "rb") as stream:
+            answer = stream.read()
+        os.waitpid(children[0], 0)
+        forksafe.forget(descriptors[0])
+        os.close(descriptors[0])
+        self.assertEqual(answer, b"closed")
