@@ -1,12 +1,8 @@
-"""The crash-recovery page of the Hermes dashboard: what its API routes answer
-(docs/dashboard.md).
-
-Each route of ``dashboard/plugin_api.py`` is one call here, answered with the
-operator command's own document (docs/cli.md, ``reconciliation/commands.py``:
-same rules, codes and ``operator.log`` line) plus who acted and the profile
-served.  Standard library only.  One lock serialises the process's journal
-access: the page polls while people settle, and a slow verification must not
-interleave with a resolution (other processes: the journal's own locks).
+"""The crash-recovery page of the Hermes dashboard (docs/dashboard.md): each
+route of ``dashboard/plugin_api.py`` is one call here, answered with the
+operator command's own document (docs/cli.md) plus who acted and the profile.
+One lock serialises this process's journal access, so a slow verification
+never interleaves with a resolution.  Standard library only.
 """
 from __future__ import annotations
 
