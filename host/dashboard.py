@@ -36,6 +36,8 @@ ACKNOWLEDGE_FIELDS = {"evidence"}
 # cannot bloat every journal event.
 IDENTITY_FIELD_MAX_CHARS = 256
 
+_HTTP_STATUSES = ((BAD_REQUEST_CODES, 400), (FORBIDDEN_CODES, 403), (NOT_FOUND_CODES, 404))
+
 _JOURNAL_ACCESS = threading.Lock()
 
 # The page's own words for refusals whose CLI hint names command-line options
@@ -52,11 +54,7 @@ PAGE_HINTS = {
 def http_status(document: dict) -> int:
     """The HTTP status of an error document: 400, 403, 404 or 409 (docs/dashboard.md §Routes)."""
     code = (document.get("error") or {}).get("code")
-    if code in BAD_REQUEST_CODES:
-        return 400
-    if code in FORBIDDEN_CODES:
-        return 403
-    return 404 if code in NOT_FOUND_CODES else 409
+    return next((status for codes, status in _HTTP_STATUSES if code in codes), 409)
 
 
 def dashboard_operator(session: Any = None, client: Optional[str] = None) -> dict:

@@ -42,7 +42,8 @@ from .switch import (HEAD_ABSENT, HEAD_LINKED, HEAD_MOVED, MOVED_NAMES, NEW_NAME
 
 __all__ = ["RESTART_TOOL", "restart_journal"]
 
-# The temporary files of the intent's and the placeholder's atomic replace.
+# The temporary files of the intent's and the placeholder's atomic replace; only
+# a dead process's are removed (the writer lock is not held).
 DEAD_TEMP_NAME = re.compile(r"(?:restart\.json|head\.json)\.(\d+)-[0-9a-f]{8}"
                             + re.escape(TEMP_SUFFIX))
 
@@ -190,7 +191,7 @@ def _carry_out(data_dir: str, intent: dict, audit: Callable[[dict], Optional[str
     the intent for the next run (``restart_interrupted``)."""
     found = intent["result"]["found"]
     staging = os.path.join(data_dir, intent["staging"])
-    _remove_dead_temp_files(data_dir)
+    remove_files_of_dead_processes(data_dir, DEAD_TEMP_NAME)
     if os.path.lexists(os.path.join(staging, DATABASE_NAME)):
         try:
             keep_old_files(data_dir, intent)
@@ -212,8 +213,7 @@ def _carry_out(data_dir: str, intent: dict, audit: Callable[[dict], Optional[str
     return result
 
 
-def _resume(data_dir: str, intent: dict, journal_class: Callable[..., Any],
-            audit: Callable[[dict], Optional[str]]) -> Optional[dict]:
+def _resume(data_dir: str, intent: dict, audit: Callable[[dict], Optional[str]]) -> Optional[dict]:
     """Continue a restart that ``restart.json`` records; None when it was
     undone instead (the old journal changed since it was read, or the
     staging folder is gone), so that this run starts over."""
@@ -290,12 +290,6 @@ def _remove_leftovers(data_dir: str) -> None:
     for name in os.listdir(data_dir):
         if STAGING_NAME.fullmatch(name):
             shutil.rmtree(os.path.join(data_dir, name), ignore_errors=True)
-    _remove_dead_temp_files(data_dir)
-
-
-def _remove_dead_temp_files(data_dir: str) -> None:
-    """Temporary files of the intent's or placeholder's atomic replace that a
-    killed restart left (only dead processes': the writer lock is not held)."""
     remove_files_of_dead_processes(data_dir, DEAD_TEMP_NAME)
 
 
@@ -320,7 +314,7 @@ def restart_journal(data_dir: str, journal_class: Callable[..., Any], *, evidenc
     with _exclusive(data_dir, found or "restart_interrupted"):
         intent = read_intent(data_dir)
         if intent is not None:
-            done = _resume(data_dir, intent, journal_class, audit)
+            done = _resume(data_dir, intent, audit)
             if done is not None:
                 return done
         if found is None:
