@@ -1,9 +1,7 @@
 """API routes of the crash-recovery page in the Hermes dashboard (docs/dashboard.md).
-
 The dashboard imports this file by path and mounts ``router`` under
-``/api/plugins/crash-recovery/``, behind its own authentication; the runtime
-plugin never imports it.  Each route answers with the operator command's own
-document via ``host/dashboard.py``; nothing here decides a rule.
+``/api/plugins/crash-recovery/`` behind its own authentication; each route
+answers with the operator command's document via ``host/dashboard.py``.
 """
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
-"""The crash-recovery page of the Hermes dashboard: what its API routes answer
-(docs/dashboard.md).
-
-Each route of ``dashboard/plugin_api.py`` is one call here, answered with the
-operator command's own document (docs/cli.md, ``reconciliation/commands.py``:
-same rules, codes and ``operator.log`` line) plus who acted and the profile
-served.  Standard library only.  One lock serialises the process's journal
-access: the page polls while people settle, and a slow verification must not
-interleave with a resolution (other processes: the journal's own locks).
+"""The crash-recovery page of the Hermes dashboard (docs/dashboard.md): each
+route of ``dashboard/plugin_api.py`` is one call here, answered with the
+operator command's own document (docs/cli.md) plus who acted and the profile.
+One lock serialises this process's journal access, so a slow verification
+never interleaves with a resolution.  Standard library only.
 """
 from __future__ import annotations
 
@@ -40,6 +36,8 @@ ACKNOWLEDGE_FIELDS = {"evidence"}
 # cannot bloat every journal event.
 IDENTITY_FIELD_MAX_CHARS = 256
 
+_HTTP_STATUSES = ((BAD_REQUEST_CODES, 400), (FORBIDDEN_CODES, 403), (NOT_FOUND_CODES, 404))
+
 _JOURNAL_ACCESS = threading.Lock()
 
 # The page's own words for refusals whose CLI hint names command-line options
@@ -56,11 +54,7 @@ PAGE_HINTS = {
 def http_status(document: dict) -> int:
     """The HTTP status of an error document: 400, 403, 404 or 409 (docs/dashboard.md §Routes)."""
     code = (document.get("error") or {}).get("code")
-    if code in BAD_REQUEST_CODES:
-        return 400
-    if code in FORBIDDEN_CODES:
-        return 403
-    return 404 if code in NOT_FOUND_CODES else 409
+    return next((status for codes, status in _HTTP_STATUSES if code in codes), 409)
 
 
 def dashboard_operator(session: Any = None, client: Optional[str] = None) -> dict:

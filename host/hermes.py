@@ -1,9 +1,7 @@
 """What crash-recovery needs from its Hermes host (docs/guard.md §Inside Hermes):
 the data directory, the settings, the profile's command line, ``/crash-recovery``.
-
-Resolved lazily, never in ``register(ctx)``; Hermes modules are imported inside
-the functions, so this module imports on any Python and outside Hermes the
-functions raise ``ImportError`` (the callers turn that into a clear refusal).
+Hermes is imported lazily inside the functions (never in ``register(ctx)``):
+outside Hermes they raise ``ImportError``, which the callers turn into a refusal.
 """
 from __future__ import annotations
 
@@ -38,12 +36,10 @@ def resolve_data_dir() -> Path:
 def settings_reader(ctx: Any) -> Callable[[], Optional[dict]]:
     """A zero-argument reader of the raw settings mapping (None: nothing set),
     the same on every host (docs/guard.md §Settings, "The same on every host").
-
-    ``config.yaml`` through Hermes' loader gives the whole mapping (a typo is
-    seen); ``settings`` wins whole over the legacy ``config`` subtree (0.20+'s
-    ``ctx.get_config`` falls back key by key: those fallbacks are dropped).
-    Known keys' values come from ``ctx.get_config`` where it exists, which
-    expands ``${VAR}`` (0.20+)."""
+    ``config.yaml`` via Hermes' loader gives the whole mapping (a typo is seen);
+    ``settings`` wins whole over the legacy ``config`` subtree (0.20+'s key-by-key
+    fallbacks are dropped); known keys' values come from ``ctx.get_config``
+    where it exists, which expands ``${VAR}`` (0.20+)."""
     get_config: Optional[Callable] = getattr(ctx, "get_config", None)
 
     def read() -> Optional[dict]:
@@ -175,12 +171,12 @@ EXECUTION_RUNNER = "run_tool_execution_middleware"
 def execution_chain_running(identity: tuple) -> bool:
     """Whether a frame of :data:`EXECUTION_RUNNER` in any thread runs the call
     ``identity`` (``(tool_name, session_id, tool_call_id, ...)``) now
-    (docs/guard.md §Inside Hermes, "The gate on every path").  Hermes 0.20+
-    runs the agent loop's ``pre_tool_call`` hooks inside that runner's
-    ``next_call`` (0.22 on a ``hermes-hook-*`` thread), so a hook that finds it
-    and no admission of ours knows our middleware did not wrap the call; where
-    the hook runs first (0.19; 0.20+'s ``model_tools.handle_function_call``)
-    it has not started.  False without a tool-call id or outside Hermes; never raises."""
+    (docs/guard.md §Inside Hermes, "The gate on every path"): 0.20+ runs
+    ``pre_tool_call`` hooks inside its ``next_call`` (0.22 on a ``hermes-hook-*``
+    thread), so a hook that finds it without our admission knows our middleware
+    did not wrap the call; where the hook runs first (0.19, 0.20+'s
+    ``handle_function_call``) it has not started.  False without a tool-call id
+    or outside Hermes; never raises."""
     try:
         tool_name, tool_call_id = identity[0], identity[2]
         module = sys.modules.get(EXECUTION_RUNNER_MODULE)

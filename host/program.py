@@ -1,10 +1,8 @@
-"""The name of the program that runs Hermes here (docs/guard.md §Inside Hermes).
-
-The commands the plugin prints (``hermes -p work crash-recovery ...``) must name
-a program the operator has: ``hermes`` for ``hermes-agent`` 0.19 and 0.22,
-``hermesx`` for the 0.20.1 packaging that installs no ``hermes``.  Only the
-program's name is ever returned, never a path (the text may reach a chat).
-Standard library only; Hermes is not imported.
+"""The name of the program that runs Hermes here (docs/guard.md §Inside Hermes):
+printed commands (``hermes -p work crash-recovery ...``) must name a program the
+operator has (``hermes`` for 0.19 and 0.22, ``hermesx`` for the 0.20.1
+packaging).  Only a name, never a path (it may reach a chat); Hermes is not
+imported.
 """
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """The stand-alone host: run the plugin's files as scripts from a checkout
-(``python operator_cli.py``, ``python demo.py``).
-
-The modules use relative imports (inside Hermes the package is
-``hermes_plugins.crash_recovery``, after ``pip install`` ``crash_recovery``).
-A script run from a checkout loads this file by path (``runpy.run_path``:
-nothing on ``sys.path``) and imports the plugin directory, whatever it is
-called, as the package ``crash_recovery``.  Imports nothing of ours.
+(``python operator_cli.py``, ``python demo.py``).  The modules use relative
+imports, so a script loads this file by path (``runpy.run_path``) and it
+imports the plugin directory, whatever its name, as the package
+``crash_recovery``.  Imports nothing of ours.
 """
 from __future__ import annotations
 

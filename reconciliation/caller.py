@@ -1,15 +1,11 @@
-"""Who is running this operator command: a person, or an agent of this
-profile (docs/cli.md §Who may settle says what is recognised, and what not).
-The writing commands refuse (``run_by_agent``) when they come from inside an
-agent, which Linux ``/proc`` shows: an ancestor (for the dashboard, of the
-process that sent the request) that has this profile's ``journal.sqlite3``
-open, or Hermes' markers in a start-time environment
-(:data:`TOOL_SUBPROCESS_MARKERS`, :data:`HERMES_PROCESS_MARKERS`).
-
-Every operator event records who ran it: :func:`os_identity` (from the
-password database, never ``$USER`` or ``$LOGNAME``) and how (``via``:
-``cli``, ``dashboard``).  Reads ``/proc`` only; never raises for a process
-that vanished or cannot be read.
+"""Who runs this operator command: a person or an agent of this profile
+(docs/cli.md §Who may settle).  Writing commands refuse (``run_by_agent``)
+from inside an agent, as ``/proc`` shows: an ancestor (for the dashboard, of
+the requesting process) holding this profile's ``journal.sqlite3`` open, or
+Hermes' markers in a start-time environment (:data:`TOOL_SUBPROCESS_MARKERS`,
+:data:`HERMES_PROCESS_MARKERS`).  Operator events record :func:`os_identity`
+(password database, never ``$USER``) and ``via`` (``cli``, ``dashboard``).
+Reads ``/proc`` only; never raises for a vanished or unreadable process.
 """
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
-"""The operator commands: inspect, export, settle and repair the journal
-(docs/cli.md).  Each ``command_*`` takes the parsed arguments, the data
-directory and the journal class (``journal.Journal``, passed in: this side
-never imports the top level), and returns one JSON-safe result dict or raises
-:class:`CommandError` / :class:`errors.JournalError`; a failed command
-changes nothing on disk.  The reading commands open the database read-only.
+"""The operator commands (docs/cli.md).  Each ``command_*`` takes the parsed
+arguments, the data directory and the journal class (``journal.Journal``, passed
+in: this side never imports the top level) and returns a JSON-safe dict or raises
+:class:`CommandError` / :class:`errors.JournalError`; a failed command changes
+nothing on disk, and reading commands open the database read-only.
 """
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
-"""Reading a journal that failed verification, without changing a byte of it
-(docs/cli.md §restart-journal, §verify): its longest verified prefix for
-``restart-journal``, and an export of a replaced journal checked against its
-evidence folder.  Both read *copies* made with plain reads and writes in a
-scratch folder (SQLite may replay a WAL into a copy, never into the
-originals), never following a symbolic link.
+"""Reading a journal that failed verification without changing a byte of it
+(docs/cli.md §restart-journal, §verify): its longest verified prefix, and an
+export of a replaced journal checked against its evidence folder.  Both read
+plain copies in a scratch folder (SQLite may replay a WAL into a copy, never
+into the originals), never following a symbolic link.
 """
 from __future__ import annotations
 

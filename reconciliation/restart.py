@@ -1,21 +1,14 @@
 """``restart-journal``: the way forward from any integrity verdict
-(docs/cli.md §restart-journal; the procedure and the new journal's events:
-docs/format.md §Restarted journals).  The broken files are kept untouched in
-``replaced/<UTC time>-<journal id>/``; a new journal carries over every
-operation open in their last verified state.  The steps:
-
-1. *prepare* -- build the new journal from copies of the old one in a staging
-   folder ``restart.<pid>-<hex>.tmp/``; a failure leaves garbage the next run
-   removes;
-2. *intent* -- ``restart.json``, written durably before anything moves;
-3. *keep* -- the old files into the evidence folder, the database first;
-4. *place* -- the new database and marker, the ``operator.log`` line, and
-   the new ``head.json`` last;
-5. *finish* -- the empty staging folder, then ``restart.json``, go.
-
-Steps 3 to 5 and the intent are reconciliation/switch.py.  A run that finds
-``restart.json`` continues where the last one stopped, with the journal the
-first one built; a failure in step 3 moves everything back.
+(docs/cli.md §restart-journal; events: docs/format.md §Restarted journals).
+The broken files are kept in ``replaced/<UTC time>-<journal id>/``; a new
+journal carries over every operation open in their last verified state.
+Steps: *prepare* (build it in ``restart.<pid>-<hex>.tmp/``; garbage on failure
+is removed next run), *intent* (``restart.json``, durable before anything
+moves), *keep* (old files to the evidence folder, database first), *place*
+(new database, marker, ``operator.log`` line, ``head.json`` last), *finish*
+(remove the staging folder, then ``restart.json``).  Intent to finish live in
+reconciliation/switch.py; a run that finds ``restart.json`` continues with the
+journal the first run built, and a failure while keeping moves everything back.
 """
 from __future__ import annotations
 
@@ -49,7 +42,8 @@ from .switch import (HEAD_ABSENT, HEAD_LINKED, HEAD_MOVED, MOVED_NAMES, NEW_NAME
 
 __all__ = ["RESTART_TOOL", "restart_journal"]
 
-# The temporary files of the intent's and the placeholder's atomic replace.
+# The temporary files of the intent's and the placeholder's atomic replace; only
+# a dead process's are removed (the writer lock is not held).
 DEAD_TEMP_NAME = re.compile(r"(?:restart\.json|head\.json)\.(\d+)-[0-9a-f]{8}"
                             + re.escape(TEMP_SUFFIX))
 
@@ -197,7 +191,7 @@ def _carry_out(data_dir: str, intent: dict, audit: Callable[[dict], Optional[str
     the intent for the next run (``restart_interrupted``)."""
     found = intent["result"]["found"]
     staging = os.path.join(data_dir, intent["staging"])
-    _remove_dead_temp_files(data_dir)
+    remove_files_of_dead_processes(data_dir, DEAD_TEMP_NAME)
     if os.path.lexists(os.path.join(staging, DATABASE_NAME)):
         try:
             keep_old_files(data_dir, intent)
@@ -219,8 +213,7 @@ def _carry_out(data_dir: str, intent: dict, audit: Callable[[dict], Optional[str
     return result
 
 
-def _resume(data_dir: str, intent: dict, journal_class: Callable[..., Any],
-            audit: Callable[[dict], Optional[str]]) -> Optional[dict]:
+def _resume(data_dir: str, intent: dict, audit: Callable[[dict], Optional[str]]) -> Optional[dict]:
     """Continue a restart that ``restart.json`` records; None when it was
     undone instead (the old journal changed since it was read, or the
     staging folder is gone), so that this run starts over."""
@@ -297,12 +290,6 @@ def _remove_leftovers(data_dir: str) -> None:
     for name in os.listdir(data_dir):
         if STAGING_NAME.fullmatch(name):
             shutil.rmtree(os.path.join(data_dir, name), ignore_errors=True)
-    _remove_dead_temp_files(data_dir)
-
-
-def _remove_dead_temp_files(data_dir: str) -> None:
-    """Temporary files of the intent's or placeholder's atomic replace that a
-    killed restart left (only dead processes': the writer lock is not held)."""
     remove_files_of_dead_processes(data_dir, DEAD_TEMP_NAME)
 
 
@@ -327,7 +314,7 @@ def restart_journal(data_dir: str, journal_class: Callable[..., Any], *, evidenc
     with _exclusive(data_dir, found or "restart_interrupted"):
         intent = read_intent(data_dir)
         if intent is not None:
-            done = _resume(data_dir, intent, journal_class, audit)
+            done = _resume(data_dir, intent, audit)
             if done is not None:
                 return done
         if found is None:

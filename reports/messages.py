@@ -1,7 +1,6 @@
-"""What people and models are told about operations: command lines, operation
-views, ages, blocked results and refusal explanations, shared by the admission
-side (docs/guard.md §Blocked result) and the operator side (docs/cli.md).
-Pure formatting plus the owner probe; no journal writes.
+"""What people and models are told about operations (command lines, views, ages,
+blocked results, refusals), for the admission side (docs/guard.md §Blocked
+result) and the operator side (docs/cli.md).  Formatting and the owner probe only.
 """
 from __future__ import annotations
 
