@@ -1,14 +1,21 @@
 """``restart-journal``: the way forward from any integrity verdict
-(docs/cli.md §restart-journal; events: docs/format.md §Restarted journals).
-The broken files are kept in ``replaced/<UTC time>-<journal id>/``; a new
-journal carries over every operation open in their last verified state.
-Steps: *prepare* (build it in ``restart.<pid>-<hex>.tmp/``; garbage on failure
-is removed next run), *intent* (``restart.json``, durable before anything
-moves), *keep* (old files to the evidence folder, database first), *place*
-(new database, marker, ``operator.log`` line, ``head.json`` last), *finish*
-(remove the staging folder, then ``restart.json``).  Intent to finish live in
-reconciliation/switch.py; a run that finds ``restart.json`` continues with the
-journal the first run built, and a failure while keeping moves everything back.
+(docs/cli.md §restart-journal; the procedure and the new journal's events:
+docs/format.md §Restarted journals).  The broken files are kept untouched in
+``replaced/<UTC time>-<journal id>/``; a new journal carries over every
+operation open in their last verified state.  The steps:
+
+1. *prepare* -- build the new journal from copies of the old one in a staging
+   folder ``restart.<pid>-<hex>.tmp/``; a failure leaves garbage the next run
+   removes;
+2. *intent* -- ``restart.json``, written durably before anything moves;
+3. *keep* -- the old files into the evidence folder, the database first;
+4. *place* -- the new database and marker, the ``operator.log`` line, and
+   the new ``head.json`` last;
+5. *finish* -- the empty staging folder, then ``restart.json``, go.
+
+Steps 3 to 5 and the intent are reconciliation/switch.py.  A run that finds
+``restart.json`` continues where the last one stopped, with the journal the
+first one built; a failure in step 3 moves everything back.
 """
 from __future__ import annotations
 
