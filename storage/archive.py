@@ -1,7 +1,16 @@
-"""Archive files (docs/format.md §Archives): naming, the sealed copy, the switch
-intent, checking and reading.  ``archive`` seals journal ``J`` into read-only
-``archive/J.sqlite3`` and starts a journal whose first event anchors it
-(``{"journal_id", "count", "head", "file"}``); the switch is ``Journal.archive``.
+"""Archives: sealed segments of history (docs/format.md §Archives).
+
+An operator's ``archive`` seals the live history (journal ``J``, events 1..N)
+into ``archive/J.sqlite3`` in the data directory -- a read-only SQLite file,
+never deleted or pruned by the plugin -- and starts a new journal ``J'`` whose
+first event, ``archived``, anchors it: ``{"journal_id": J, "count": N, "head":
+H_N, "file": "archive/J.sqlite3"}``.  The live segment stays short, so the
+first call of a process verifies little; each archive's anchor is checked on
+every full verification, and ``verify --all`` re-verifies archives end to end.
+
+This module owns the archive files: naming, building the sealed copy, the
+switch intent, and checking and reading archives.  The switch itself (under
+the writer lock) is :meth:`journal.Journal.archive`.
 """
 from __future__ import annotations
 
