@@ -467,6 +467,19 @@ class OutcomeStillOut(ArchiverCase):
     """No archive while any call's outcome can still arrive, whatever happened
     to its lock file."""
 
+    def assert_archive_refused_while_out(self):
+        before = logical_snapshot(self)
+        code, refused, text = run_cli(self.data_dir, "archive")
+        self.assertEqual((code, refused["error"]["code"]), (1, "owner_running"), text)
+        self.assertEqual(logical_snapshot(self), before)
+
+    def assert_late_outcome_recorded(self, worker, operation_id):
+        """The slow call comes back: its late outcome is recorded, not lost."""
+        code, output, text = worker.release()
+        self.assertEqual((code, output), (0, json.loads(BOOKED)), text)
+        status = run_cli(self.data_dir, "status")[1]
+        self.assertEqual([item["operation_id"] for item in status["attention"]], [operation_id])
+
     def test_no_archive_while_a_resolved_call_runs_after_its_lock_file_was_deleted(self):
         worker = Paused(self, WAITING_WORKER, self.data_dir, "slow")
         self.assertEqual(worker.first_line, "running")
@@ -477,16 +490,8 @@ class OutcomeStillOut(ArchiverCase):
         self.assertEqual(code, 0, text)
         # Another worker runs a call and lets its own lock go.
         self.assertEqual(book_in_new_process(self.data_dir, "other")[0], BOOKED)
-        before = logical_snapshot(self)
-        code, refused, text = run_cli(self.data_dir, "archive")
-        self.assertEqual((code, refused["error"]["code"]), (1, "owner_running"), text)
-        self.assertEqual(logical_snapshot(self), before)
-        # The slow call comes back: its late outcome is recorded, not lost.
-        code, output, text = worker.release()
-        self.assertEqual((code, output), (0, json.loads(BOOKED)), text)
-        status = run_cli(self.data_dir, "status")[1]
-        self.assertEqual([item["operation_id"] for item in status["attention"]],
-                         [operation["operation_id"]])
+        self.assert_archive_refused_while_out()
+        self.assert_late_outcome_recorded(worker, operation["operation_id"])
         code, _, text = run_cli(self.data_dir, "acknowledge", operation["operation_id"],
                                 "--evidence", "booked after all; refunded")
         self.assertEqual(code, 0, text)
@@ -512,15 +517,8 @@ class OutcomeStillOut(ArchiverCase):
         status = run_cli(self.data_dir, "status")[1]
         self.assertEqual([call["operation_id"] for call in status["resolved_running"]],
                          [operation_id])
-        before = logical_snapshot(self)
-        code, refused, text = run_cli(self.data_dir, "archive")
-        self.assertEqual((code, refused["error"]["code"]), (1, "owner_running"), text)
-        self.assertEqual(logical_snapshot(self), before)
-        # The slow call comes back: its late outcome is recorded, not lost.
-        code, output, text = worker.release()
-        self.assertEqual((code, output), (0, json.loads(BOOKED)), text)
-        status = run_cli(self.data_dir, "status")[1]
-        self.assertEqual([item["operation_id"] for item in status["attention"]], [operation_id])
+        self.assert_archive_refused_while_out()
+        self.assert_late_outcome_recorded(worker, operation_id)
         kinds = [kind for _, kind, op in all_events(self.data_dir) if op == operation_id]
         self.assertEqual(kinds, ["started", "resolved", "late_outcome"])
         self.assertAllVerify(0)
@@ -550,12 +548,8 @@ class OutcomeStillOut(ArchiverCase):
                 code, result, text = run_cli(self.data_dir, "resolve", operation_id, "--outcome",
                                              "not_applied", "--force", "--evidence", "hung")
                 self.assertEqual(code, 0, text)
-                before = logical_snapshot(self)
-                code, refused, text = run_cli(self.data_dir, "archive")
-                self.assertEqual((code, refused["error"]["code"]), (1, "owner_running"), text)
-                self.assertEqual(logical_snapshot(self), before)
-                code, output, text = worker.release()
-                self.assertEqual((code, output), (0, json.loads(BOOKED)), text)
+                self.assert_archive_refused_while_out()
+                self.assert_late_outcome_recorded(worker, operation_id)
                 kinds = [kind for _, kind, op in all_events(self.data_dir) if op == operation_id]
                 self.assertEqual(kinds, ["started", "resolved", "late_outcome"])
                 self.assertEqual(run_cli(self.data_dir, "acknowledge", operation_id, "--evidence",
