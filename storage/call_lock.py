@@ -230,8 +230,8 @@ def probe_owner(data_dir: str, operation_id: str) -> dict:
     """The operator's side: is the worker of ``operation_id`` running its call?
 
     Returns ``{"owner": "running"|"gone"|"unknown", "pid": int|None,
-    "process_start": float|None}``; ``running`` too when its file was deleted
-    by hand while its worker holds the lock (:func:`_deleted_but_held`).
+    "process_start": float|None}``; ``running`` too when its file was deleted or moved
+    by hand while its worker holds the lock (:func:`_held_off_its_name`).
     Creates nothing; never raises."""
     result = {"owner": OWNER_UNKNOWN, "pid": None, "process_start": None}
     if fcntl is None or not is_uuid(operation_id):
@@ -248,7 +248,7 @@ def probe_owner(data_dir: str, operation_id: str) -> dict:
             state, tag = _probe_file(directory, operation_id)
         finally:
             os.close(directory)
-    if state == OWNER_GONE:  # its file deleted by hand while its worker holds the lock?
+    if state == OWNER_GONE:  # its file deleted or moved while its worker holds the lock?
         held = [call for call in _held_unnamed(data_dir) if call["operation_id"] == operation_id]
         if held:
             state, tag = OWNER_RUNNING, held[0]
@@ -260,8 +260,8 @@ def probe_owner(data_dir: str, operation_id: str) -> dict:
 
 def held_calls(data_dir: str) -> list:
     """Every call whose lock is held now, by name: ``[{"operation_id", "pid",
-    "process_start"}]``, plus (Linux) those whose lock file someone deleted
-    while its worker holds it (:func:`_deleted_but_held`).  Creates and
+    "process_start"}]``, plus (Linux) those whose lock file someone deleted or moved
+    while its worker holds it (:func:`_held_off_its_name`).  Creates and
     changes nothing; never raises."""
     if fcntl is None:
         return []
@@ -287,20 +287,20 @@ def held_calls(data_dir: str) -> list:
     finally:
         os.close(directory)
     named = {call["operation_id"] for call in found}
-    return found + [call for call in _deleted_but_held(data_dir, device)
+    return found + [call for call in _held_off_its_name(data_dir, device)
                     if call["operation_id"] not in named]
 
 
 def _held_unnamed(data_dir: str) -> list:
-    """:func:`_deleted_but_held` on the data directory's device."""
+    """:func:`_held_off_its_name` on the data directory's device."""
     try:
         device = os.stat(data_dir).st_dev
     except OSError:
         return []
-    return _deleted_but_held(data_dir, device)
+    return _held_off_its_name(data_dir, device)
 
 
-def _deleted_but_held(data_dir: str, device: int) -> list:
+def _held_off_its_name(data_dir: str, device: int) -> list:
     """Calls whose lock file no longer stands at its name while its worker
     still holds the lock -- deleted by hand, or moved (the file, or calls/
     itself) anywhere inside the data directory: the worker may still record an
@@ -366,8 +366,8 @@ def refuse_calls_out(data_dir: str) -> None:
         device = os.fstat(directory).st_dev
     finally:
         os.close(directory)
-    # A lock file deleted by hand while its worker still runs the call.
-    for call in _deleted_but_held(data_dir, device):
+    # A lock file deleted or moved by hand while its worker still runs the call.
+    for call in _held_off_its_name(data_dir, device):
         raise _call_out(call)
 
 
