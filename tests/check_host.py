@@ -44,7 +44,7 @@ from scenario_support import (PROBE, CheckList, booked, check_registrations,  # 
                               events_of, hermes_call, scripted_conversation)
 from concurrent_path import scenario_concurrent  # noqa: E402
 
-SCENARIO_TIMEOUT_SECONDS = 120
+SCENARIO_TIMEOUT_SECONDS = 300
 
 
 # --------------------------------------------------------------------------

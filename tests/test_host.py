@@ -29,8 +29,8 @@ import stream_json  # noqa: E402
 
 CHECK_HOST = TESTS_DIR / "check_host.py"
 NATIVE_DEMO = TESTS_DIR / "native_demo.py"
-CHECK_HOST_TIMEOUT_SECONDS = 420
-NATIVE_DEMO_TIMEOUT_SECONDS = 420
+CHECK_HOST_TIMEOUT_SECONDS = 1200
+NATIVE_DEMO_TIMEOUT_SECONDS = 1200
 
 
 def missing_host_reason() -> Optional[str]:

@@ -25,7 +25,7 @@ from test_host import CheckerReport  # noqa: E402
 from check_deployment import config_set_stores_lists  # noqa: E402
 
 CHECK_DEPLOYMENT = TESTS_DIR / "host" / "check_deployment.py"
-CHECK_DEPLOYMENT_TIMEOUT_SECONDS = 420
+CHECK_DEPLOYMENT_TIMEOUT_SECONDS = 1200
 REGISTRATION_CHECKS = ("plugin_loaded", "plugin_source", "tools_registered", "hook_registered",
                        "middleware_registered", "tools_in_registry")
 

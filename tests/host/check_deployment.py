@@ -54,7 +54,7 @@ from scenario_support import status_tool  # noqa: E402
 from operator_commands import (DEFAULT_PREFIXES, PROFILE, PROGRAM, RESOLVE_EVIDENCE,  # noqa: E402
                                OperatorCommands, Ran, without_volatile)
 
-SCENARIO_TIMEOUT_SECONDS = 120
+SCENARIO_TIMEOUT_SECONDS = 300
 COMMAND_TIMEOUT_SECONDS = 90
 FLAKY = "flaky-service"
 FLAKY_PLUGIN_DIR = HOST_DIR / "flaky_plugin"
