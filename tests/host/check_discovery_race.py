@@ -139,17 +139,20 @@ def scenario_startup(home: Path, checks: CheckList) -> None:
                  seen.get("entered") is True and seen.get("model_asked_before_release") == 0,
                  seen=seen)
     runs = handler_runs(Path(os.environ["BOOKING_SERVICE_DB"]))
-    if gave_up:
+    try:
+        code = json.loads(messages.get("call_first") or "{}").get("code")
+    except ValueError:
+        code = None  # the host's own answer: still nothing may have run
+    # The host built the session without the plugins' tools: seen by the timed-out
+    # join, or -- when discovery finished between the join's timeout and the look
+    # at its thread -- by the call the host could not resolve.
+    if gave_up or code == "bridge_call_unresolved":
         # A loaded machine: the host stopped waiting for discovery and built the
         # session without the plugins' tools.  Then the promise is that the call
         # never ran unjournaled: refused by name, nothing run, nothing journaled.
-        print(f"  the host stopped waiting for plugin discovery ({len(gave_up)} join(s) timed "
-              "out): checking the refusal instead", file=sys.stderr)
+        print(f"  the host stopped waiting for plugin discovery ({len(gave_up)} join(s) seen "
+              f"timing out, first call {code}): checking the refusal instead", file=sys.stderr)
         Path(os.environ["DISCOVERY_GAVE_UP"]).write_text("yes", encoding="utf-8")
-        try:
-            code = json.loads(messages.get("call_first") or "{}").get("code")
-        except ValueError:
-            code = None  # the host's own answer: still nothing may have run
         checks.check("first_call_journaled_and_ran_once",
                      code in ("bridge_call_unresolved", None) and runs == []
                      and events_of(home) == [], code=code, events=events_of(home), runs=runs,
