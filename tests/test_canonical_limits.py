@@ -21,7 +21,7 @@ import sys
 import textwrap
 import unittest
 
-from reliability_support import WORKER_TIMEOUT_SECONDS, ReliabilityCase
+from reliability_support import ReliabilityCase
 from support import TESTS, reference
 
 from crash_recovery.storage import record
@@ -301,11 +301,14 @@ SHAPES_CHILD = textwrap.dedent("""
 
 
 class ArgumentShapesThroughTheGuard(ReliabilityCase):
+    # Seconds for the child's whole list of shapes (about 11 s quiet; a CI lane on a
+    # loaded, slower machine took over 60).
+    shapes_timeout = 300
 
     def test_every_shape_ends_in_a_result_or_a_refusal(self):
         completed = subprocess.run(
             [sys.executable, "-c", SHAPES_CHILD.format(tests=TESTS), self.data_dir],
-            capture_output=True, text=True, timeout=WORKER_TIMEOUT_SECONDS)
+            capture_output=True, text=True, timeout=self.shapes_timeout)
         self.assertEqual(completed.returncode, 0, completed.stderr)
         refused = ["non_canonical_arguments", 0, "non_canonical_arguments"]
         self.assertEqual(json.loads(completed.stdout), {
