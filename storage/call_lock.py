@@ -310,6 +310,7 @@ def _held_off_its_name(data_dir: str, device: int) -> list:
     directory is not found (docs/guard.md §Late outcomes).  [] where that
     cannot be read."""
     inside = os.path.realpath(data_dir) + os.sep
+    at_name = inside + CALLS_DIRECTORY + os.sep  # a lock still at its name: the callers list it
     found = []
     for pid, inode in lock_holders.flock_holders(device) or ():
         try:
@@ -320,7 +321,10 @@ def _held_off_its_name(data_dir: str, device: int) -> list:
             path = f"/proc/{pid}/fd/{descriptor}"
             try:
                 target = os.readlink(path)
-                if not target.startswith(inside) or os.stat(path).st_ino != inode:
+                if not target.startswith(inside) or (
+                        target.startswith(at_name) and is_uuid(target[len(at_name):])):
+                    continue
+                if os.stat(path).st_ino != inode:
                     continue
                 with open(path, "rb") as stream:
                     tag = json.loads(stream.read(4096) or b"null")
