@@ -104,7 +104,7 @@ def scenario_startup(home: Path, checks: CheckList) -> None:
     from mock_provider import ScriptedProvider
     turns = [tool("call_first", "book_trip", traveler="Ada", destination="Lisbon"),
              {"text": "done"}]
-    with ScriptedProvider(turns, timeout_seconds=240) as provider:
+    with ScriptedProvider(turns) as provider:
         write_config(home, provider.base_url, [BOOKING, SLOW, PLUGIN_NAME])
         import hermes_cli.plugins as plugins
         background = hasattr(plugins, "start_background_plugin_discovery")
@@ -175,7 +175,7 @@ def scenario_forced_rediscovery(home: Path, checks: CheckList) -> None:
              tool("call_after", "book_trip", traveler="Ada", destination="Porto"),
              {"text": "done"}]
     Path(os.environ["DISCOVERY_RELEASE"]).write_text("go", encoding="utf-8")  # start-up's
-    with ScriptedProvider(turns, timeout_seconds=240) as provider:
+    with ScriptedProvider(turns) as provider:
         write_config(home, provider.base_url, [PROBE, BOOKING, SLOW, PLUGIN_NAME])
         check_registrations(checks, "user")
         messages = run_agent(provider, checks, "session-reload", len(turns))

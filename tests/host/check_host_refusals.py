@@ -57,7 +57,7 @@ def conversation(home: Path, checks: CheckList, turns: List[Dict[str, Any]], pro
     with its middleware and both hooks and that the conversation finished;
     returns the tool messages by tool-call id."""
     from mock_provider import ScriptedProvider
-    with ScriptedProvider(turns, timeout_seconds=90) as provider:
+    with ScriptedProvider(turns) as provider:
         config = evidence.write_profile(home, base_url=provider.base_url, enabled=enabled,
                                         **({"entries": entries} if entries else {}))
         if isolation is not None:

@@ -3,7 +3,10 @@
 Standard library only. Binds 127.0.0.1 on a free port, answers streaming (SSE
 ``chat.completion.chunk``) and plain chat completions from a script of turns,
 tolerates the model-list and metadata probes Hermes sends, records every
-request body, and shuts itself down after a timeout.
+request body, and, when given ``timeout_seconds``, shuts itself down after
+it (for a server nobody else bounds: the demo, manual probing). The host
+checks pass none: their conversations last as long as the machine needs, and
+the parent's scenario timeout kills the child, and its server, if one hangs.
 
 A turn is ``{"tool_calls": [{"name": ..., "arguments": {...}}, ...]}`` or
 ``{"text": "..."}``. Only requests that offer ``tools`` (the agent loop)
@@ -52,7 +55,7 @@ class ScriptedProvider:
     """A bounded, scripted chat-completions server running in a daemon thread."""
 
     def __init__(self, turns: Optional[List[Dict[str, Any]]] = None, *,
-                 timeout_seconds: float = 180.0, host: str = "127.0.0.1",
+                 timeout_seconds: Optional[float] = None, host: str = "127.0.0.1",
                  port: int = 0) -> None:
         self._lock = threading.Lock()
         self._turns: List[Dict[str, Any]] = list(turns or [])
@@ -79,8 +82,10 @@ class ScriptedProvider:
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever,
                                         name="scripted-provider", daemon=True)
-        self._deadline_timer = threading.Timer(timeout_seconds, self.stop)
-        self._deadline_timer.daemon = True
+        self._deadline_timer: Optional[threading.Timer] = None
+        if timeout_seconds is not None:
+            self._deadline_timer = threading.Timer(timeout_seconds, self.stop)
+            self._deadline_timer.daemon = True
         self._stopped = False
 
     # -- lifecycle ---------------------------------------------------------
@@ -95,7 +100,8 @@ class ScriptedProvider:
 
     def start(self) -> "ScriptedProvider":
         self._thread.start()
-        self._deadline_timer.start()
+        if self._deadline_timer is not None:
+            self._deadline_timer.start()
         return self
 
     def stop(self) -> None:
@@ -103,7 +109,8 @@ class ScriptedProvider:
             if self._stopped:
                 return
             self._stopped = True
-        self._deadline_timer.cancel()
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
         self._server.shutdown()
         self._server.server_close()
 

@@ -44,7 +44,7 @@ class RoutedProvider(ScriptedProvider):
     message (``lanes``: marker -> turns); the main script serves the rest."""
 
     def __init__(self, turns: List[Dict[str, Any]], lanes: Dict[str, List[Dict[str, Any]]], *,
-                 timeout_seconds: float = 120.0, hold_seconds: float = 60.0) -> None:
+                 timeout_seconds: Optional[float] = None, hold_seconds: float = 60.0) -> None:
         super().__init__(turns, timeout_seconds=timeout_seconds)
         self._lanes = {marker: list(lane) for marker, lane in lanes.items()}
         self._results_seen = threading.Condition(self._lock)

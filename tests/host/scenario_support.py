@@ -107,7 +107,7 @@ def scripted_conversation(home: Path, checks: "CheckList", turns: List[Dict[str,
     checks the registrations and that the conversation finished; returns the
     tool messages the provider received, by tool-call id."""
     from mock_provider import ScriptedProvider
-    with ScriptedProvider(turns, timeout_seconds=90) as provider:
+    with ScriptedProvider(turns) as provider:
         evidence.write_profile(home, base_url=provider.base_url, enabled=enabled,
                                **({"entries": entries} if entries else {}))
         check_registrations(checks, "user")
