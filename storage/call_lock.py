@@ -49,6 +49,7 @@ CALLS_DIRECTORY = "calls"
 OWNER_RUNNING = "running"
 OWNER_GONE = "gone"
 OWNER_UNKNOWN = "unknown"
+_TAG_LIMIT = 4096  # bytes: a tag is under 200
 _TEMP_NAME = re.compile(r"\.([0-9a-f-]{36})\.(\d+)\.tmp")
 _FILE_FLAGS = os.O_NOFOLLOW | os.O_CLOEXEC | getattr(os, "O_NONBLOCK", 0)
 _DIRECTORY_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -197,10 +198,25 @@ class CallLock:
 def _read_tag(descriptor: int) -> dict:
     """The tag of a call lock file ({} when empty, partial or not JSON)."""
     try:
-        tag = json.loads(os.pread(descriptor, 4096, 0) or b"null")
+        tag = json.loads(os.pread(descriptor, _TAG_LIMIT, 0) or b"null")
     except (OSError, ValueError, RecursionError):
         return {}
     return tag if isinstance(tag, dict) else {}
+
+
+def _listed(name: str) -> bool:
+    """Whether :func:`held_calls` and :func:`refuse_calls_out` probe
+    ``calls/<name>`` by its name (so the search off names skips it)."""
+    return is_uuid(name)
+
+
+def _call_of(name: str, tag: dict) -> dict:
+    """``{"operation_id", "pid", "process_start"}`` of a held lock file: the
+    operation its worker wrote in the tag, whatever the file is named now (a
+    lock renamed by hand to another operation's id still says whose it is)."""
+    operation_id = tag.get("operation_id")
+    return {"operation_id": operation_id if is_uuid(operation_id) else name,
+            "pid": tag.get("pid"), "process_start": tag.get("process_start")}
 
 
 def _probe_file(directory: int, name: str) -> tuple:
@@ -248,8 +264,10 @@ def probe_owner(data_dir: str, operation_id: str) -> dict:
             state, tag = _probe_file(directory, operation_id)
         finally:
             os.close(directory)
+    if state == OWNER_RUNNING and _call_of(operation_id, tag)["operation_id"] != operation_id:
+        state, tag = OWNER_GONE, None  # another call's lock, renamed by hand to this name
     if state == OWNER_GONE:  # its file deleted or moved while its worker holds the lock?
-        held = [call for call in _held_unnamed(data_dir) if call["operation_id"] == operation_id]
+        held = [call for call in held_calls(data_dir) if call["operation_id"] == operation_id]
         if held:
             state, tag = OWNER_RUNNING, held[0]
     result["owner"] = state
@@ -275,12 +293,11 @@ def held_calls(data_dir: str) -> list:
     found = []
     try:
         for name in sorted(os.listdir(os.path.join(data_dir, CALLS_DIRECTORY))):
-            if not is_uuid(name):
+            if not _listed(name):
                 continue
             state, tag = _probe_file(directory, name)
             if state == OWNER_RUNNING:
-                found.append({"operation_id": name, "pid": tag.get("pid"),
-                              "process_start": tag.get("process_start")})
+                found.append(_call_of(name, tag))
         device = os.fstat(directory).st_dev
     except OSError:
         return found
@@ -310,7 +327,7 @@ def _held_off_its_name(data_dir: str, device: int) -> list:
     directory is not found (docs/guard.md §Late outcomes).  [] where that
     cannot be read."""
     inside = os.path.realpath(data_dir) + os.sep
-    at_name = inside + CALLS_DIRECTORY + os.sep  # a lock still at its name: the callers list it
+    at_name = inside + CALLS_DIRECTORY + os.sep  # probed by name already (:func:`_listed`)
     found = []
     for pid, inode in lock_holders.flock_holders(device) or ():
         try:
@@ -322,22 +339,43 @@ def _held_off_its_name(data_dir: str, device: int) -> list:
             try:
                 target = os.readlink(path)
                 if not target.startswith(inside) or (
-                        target.startswith(at_name) and is_uuid(target[len(at_name):])):
+                        target.startswith(at_name) and _listed(target[len(at_name):])):
                     continue
-                if os.stat(path).st_ino != inode:
-                    continue
-                with open(path, "rb") as stream:
-                    tag = json.loads(stream.read(4096) or b"null")
-            except (OSError, ValueError):
+                found_file = os.stat(path)  # opens nothing: a FIFO would block an open
+            except OSError:
                 continue
-            tag = tag if isinstance(tag, dict) else {}
-            name = os.path.basename(target.removesuffix(" (deleted)"))
-            operation_id = tag.get("operation_id")
-            operation_id = operation_id if is_uuid(operation_id) else name
-            if is_uuid(operation_id):
-                found.append({"operation_id": operation_id, "pid": tag.get("pid", pid),
-                              "process_start": tag.get("process_start")})
+            if (found_file.st_ino, found_file.st_dev) != (inode, device) or not (
+                    stat.S_ISREG(found_file.st_mode) and found_file.st_size <= _TAG_LIMIT):
+                continue  # not a call lock: a FIFO, a device, an SQLite file
+            call = _call_of(os.path.basename(target.removesuffix(" (deleted)")),
+                            _read_tag_through(path, found_file))
+            if is_uuid(call["operation_id"]):
+                found.append({**call, "pid": call["pid"] or pid})
     return found
+
+
+def _read_tag_through(path: str, expected: os.stat_result) -> dict:
+    """The tag of the file another process has open at ``path`` (a
+    ``/proc/<pid>/fd`` link), when it is still ``expected``'s file and carries
+    no POSIX lock; else {}.  Closing a descriptor drops every POSIX lock this
+    process holds on its file -- an SQLite connection's among them -- so a
+    file with any is never opened."""
+    locked = lock_holders.posix_locked_inodes(expected.st_dev)
+    if locked is None or expected.st_ino in locked:
+        return {}
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return {}
+    try:
+        opened = os.fstat(descriptor)
+        if (opened.st_ino, opened.st_dev) != (expected.st_ino, expected.st_dev):
+            return {}  # replaced between the look and the open
+        return _read_tag(descriptor)
+    except OSError:
+        return {}
+    finally:
+        os.close(descriptor)
 
 
 def refuse_calls_out(data_dir: str) -> None:
@@ -365,7 +403,7 @@ def refuse_calls_out(data_dir: str) -> None:
             temp = _TEMP_NAME.fullmatch(name)
             if temp is not None and not process_alive(int(temp.group(2))):
                 _remove(directory, name)
-            elif is_uuid(name):
+            elif _listed(name):
                 _refuse_if_held(directory, name)
         device = os.fstat(directory).st_dev
     finally:
@@ -394,9 +432,7 @@ def _refuse_if_held(directory: int, name: str) -> None:
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            tag = _read_tag(descriptor)
-            raise _call_out({"operation_id": name, "pid": tag.get("pid"),
-                             "process_start": tag.get("process_start")}) from None
+            raise _call_out(_call_of(name, _read_tag(descriptor))) from None
         except OSError:
             return
         _remove(directory, name)  # locked by us: no worker holds it any more

@@ -105,6 +105,8 @@ class WalKeeper:
 
     def close(self) -> None:
         """Release and give the descriptor back (idempotent, never raises)."""
+        if self._descriptor is not None:
+            self.let_go()  # a child forked meanwhile may share the description: unlock it for both
         descriptor, self._descriptor = self._descriptor, None
         if descriptor is not None:
             forksafe.forget(descriptor)

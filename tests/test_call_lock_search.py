@@ -1,0 +1,171 @@
+"""The search for a running call's lock beyond its name (docs/guard.md
+§Concurrency) under what other programs leave in the data directory: a foreign
+``flock`` on the journal's own files, a flocked FIFO, a lock file renamed to
+another spelling or to another operation's id.
+
+Each case keeps the input of a failure report (a breaker's repro) as its
+regression test: the search once opened and closed every flocked file (which
+dropped this process's SQLite locks), blocked in ``open`` on a FIFO, and took a
+lock file's name for its operation.  Real processes hold the locks.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import uuid
+
+from reliability_support import ReliabilityCase
+from support import TESTS, run_cli
+from test_archive import all_events
+from test_archive_concurrency import BOOKED, TIMEOUT_SECONDS, WAITING_WORKER, ArchiverCase, Paused
+
+from crash_recovery.storage import call_lock, wal_keeper
+
+# Takes an exclusive flock on each path given (opened without blocking, so a
+# FIFO too), says "locked" on stderr and waits for a line on stdin.
+FOREIGN_FLOCKER = textwrap.dedent("""
+    import fcntl, os, sys
+    descriptors = [os.open(path, os.O_RDWR | os.O_NONBLOCK) for path in sys.argv[1:]]
+    for descriptor in descriptors:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+    print("locked", file=sys.stderr, flush=True)
+    sys.stdin.readline()
+""")
+
+# The three searches of call_lock in a child (a hang is cut off by the
+# parent's timeout): prints held_calls, probe_owner of argv[2], refuse_calls_out.
+SEARCHES = textwrap.dedent("""
+    import json, sys
+    sys.path.insert(0, {tests!r})
+    import support
+    from crash_recovery.storage import call_lock
+    from crash_recovery.storage.errors import AdmissionRefused
+    data_dir, operation_id = sys.argv[1], sys.argv[2]
+    try:
+        call_lock.refuse_calls_out(data_dir)
+        refusal = None
+    except AdmissionRefused as exc:
+        refusal = exc.code
+    print(json.dumps({{"held": [call["operation_id"] for call in call_lock.held_calls(data_dir)],
+                      "owner": call_lock.probe_owner(data_dir, operation_id)["owner"],
+                      "refusal": refusal}}))
+""").format(tests=TESTS)
+
+
+def own_posix_locks(paths):
+    """This process's POSIX locks on ``paths``: sorted (inode, access, start, end)."""
+    inodes = {os.stat(path).st_ino for path in paths}
+    found = []
+    with open("/proc/locks") as stream:
+        for line in stream:
+            fields = line.split()
+            if fields[1] != "POSIX" or int(fields[4]) != os.getpid():
+                continue
+            inode = int(fields[5].rsplit(":", 1)[1])
+            if inode in inodes:
+                found.append((inode, fields[3], fields[6], fields[7]))
+    return sorted(found)
+
+
+class LockSearch(ArchiverCase):
+
+    def foreign_flocks(self, *paths):
+        """Another program holds an exclusive flock on each path until the test ends."""
+        holder = Paused(self, FOREIGN_FLOCKER, *paths)
+        self.assertEqual(holder.first_line, "locked")
+        return holder
+
+    def searches(self, operation_id):
+        completed = subprocess.run([sys.executable, "-c", SEARCHES, self.data_dir, operation_id],
+                                   capture_output=True, text=True, timeout=TIMEOUT_SECONDS)
+        self.assertEqual(completed.returncode, 0, completed.stderr)
+        return completed.stdout.strip()
+
+    def running_call(self, name):
+        worker = Paused(self, WAITING_WORKER, self.data_dir, name)
+        self.assertEqual(worker.first_line, "running")
+        [operation] = run_cli(self.data_dir, "status")[1]["unresolved"]
+        return worker, operation["operation_id"]
+
+    def test_a_foreign_flock_on_the_journal_files_keeps_this_process_s_sqlite_locks(self):
+        worker, operation_id = self.running_call("slow")
+        database = os.path.join(self.data_dir, "journal.sqlite3")
+        journal_files = [database, database + "-shm", database + "-wal",
+                         os.path.join(self.data_dir, "head.json")]
+        self.foreign_flocks(*journal_files)
+        connection = sqlite3.connect(database, timeout=0, isolation_level=None)
+        self.addCleanup(connection.close)
+        connection.execute("BEGIN IMMEDIATE")  # SQLite's WAL write lock, a POSIX lock of -shm
+        locks = own_posix_locks(journal_files)
+        self.assertTrue(locks)
+        self.assertEqual([call["operation_id"] for call in call_lock.held_calls(self.data_dir)],
+                         [operation_id])
+        self.assertEqual(call_lock.probe_owner(self.data_dir, str(uuid.uuid4()))["owner"], "gone")
+        self.assertEqual(own_posix_locks(journal_files), locks)
+        second = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+            import sqlite3, sys
+            try:
+                sqlite3.connect(sys.argv[1], timeout=0).execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                print(exc)
+        """), database], capture_output=True, text=True, timeout=TIMEOUT_SECONDS)
+        self.assertEqual(second.stdout.strip(), "database is locked", second.stderr)
+        connection.execute("ROLLBACK")
+        self.assertEqual(worker.release()[:2], (0, json.loads(BOOKED)))
+
+    def test_a_flocked_fifo_in_the_data_directory_blocks_no_search(self):
+        fifo = os.path.join(self.data_dir, "pipe")
+        os.mkfifo(fifo, 0o600)
+        self.foreign_flocks(fifo)
+        unknown = str(uuid.uuid4())
+        self.assertEqual(self.searches(unknown),
+                         '{"held": [], "owner": "gone", "refusal": null}')
+        worker, operation_id = self.running_call("slow")
+        self.assertEqual(self.searches(operation_id),
+                         f'{{"held": ["{operation_id}"], "owner": "running", '
+                         '"refusal": "owner_running"}')
+        self.assertEqual(worker.release()[:2], (0, json.loads(BOOKED)))
+
+    def test_a_lock_file_renamed_to_another_spelling_or_id_still_names_its_call(self):
+        worker, operation_id = self.running_call("slow")
+        other_id = str(uuid.uuid4())
+        calls = os.path.join(self.data_dir, "calls")
+        for name in (operation_id.upper(), "{" + operation_id + "}", other_id):
+            with self.subTest(renamed_to=name):
+                os.rename(os.path.join(calls, os.listdir(calls)[0]), os.path.join(calls, name))
+                self.assertEqual(os.listdir(calls), [name])
+                self.assertEqual(self.searches(operation_id),
+                                 f'{{"held": ["{operation_id}"], "owner": "running", '
+                                 '"refusal": "owner_running"}')
+                self.assertEqual(call_lock.probe_owner(self.data_dir, other_id)["owner"], "gone")
+                code, result, text = run_cli(self.data_dir, "resolve", operation_id, "--outcome",
+                                             "not_applied", "--evidence", "it looked gone")
+                self.assertEqual((code, result["error"]["code"]), (1, "owner_running"), text)
+        self.assertEqual(worker.release()[:2], (0, json.loads(BOOKED)))
+        kinds = [kind for _, kind, op in all_events(self.data_dir) if op == operation_id]
+        self.assertEqual(kinds, ["started", "returned"])
+
+
+class KeeperShared(ReliabilityCase):
+
+    def test_a_closed_keeper_leaves_no_lock_behind_a_shared_description(self):
+        # A child forked before its fork handler ran shares the keeper's open
+        # file description (os.dup makes the same sharing without a fork).
+        if not wal_keeper.SUPPORTED:
+            self.skipTest("no open file description locks on this platform")
+        path = os.path.join(self.root, "file")
+        with open(path, "wb") as stream:
+            stream.write(b"x")
+        keeper = wal_keeper.WalKeeper(path)
+        keeper.hold(1.0)
+        self.assertIs(wal_keeper.journal_open_elsewhere(path), True)
+        [descriptor] = [int(name) for name in os.listdir("/proc/self/fd")
+                        if os.path.realpath(f"/proc/self/fd/{name}") == os.path.realpath(path)]
+        shared = os.dup(descriptor)
+        self.addCleanup(os.close, shared)
+        keeper.close()
+        self.assertIs(wal_keeper.journal_open_elsewhere(path), False)
