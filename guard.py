@@ -167,10 +167,10 @@ class RecoveryGuard:
             if value is not None and not isinstance(value, str):
                 raise Refusal("invalid_request", f"{name} is not text; nothing was run.")
         try:
-            args_hash, call_fingerprint = call_hashes(tool_name, args)
-            for value in (tool_name, session_id, tool_call_id):
+            for value in (tool_name, session_id, tool_call_id):  # first: else "in its arguments"
                 if value is not None:
                     value.encode("utf-8")
+            args_hash, call_fingerprint = call_hashes(tool_name, args)
         except (EncodingError, UnicodeEncodeError) as exc:
             problem = (f"in its arguments, {exc.message}" if isinstance(exc, JournalError)
                        else "its tool name, session id or call id is not valid UTF-8")

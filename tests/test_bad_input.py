@@ -163,7 +163,9 @@ class Arguments(ReliabilityCase):
                     text.encode("utf-8")  # the host can store and send it
                     blocked = json.loads(text)
                     self.assertEqual(blocked["code"], "non_canonical_arguments")
-                    self.assertIn(f"The call to {tool} ", blocked["explanation"])
+                    self.assertIn(f"The call to {tool} cannot be journaled: its tool name, "
+                                  "session id or call id is not valid UTF-8.",
+                                  blocked["explanation"])
                 self.assertEqual(downstream.calls, 0)
         self.assertEqual(logical_snapshot(self), before)
         self.assertVerifies()
