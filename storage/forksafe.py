@@ -31,10 +31,13 @@ import os
 import threading
 from typing import Callable
 
-_LOCK = threading.Lock()
+# Re-entrant, both: a signal handler may close a guard or fork while its own
+# thread is inside (a plain lock would hang the host; a child forked there may
+# keep that one descriptor, which only holds a lock longer: fail closed).
+_LOCK = threading.RLock()
 # Held across a lock descriptor's open and registration, and by a fork (before
 # it, until it returns in the parent).
-_FORK_GATE = threading.Lock()
+_FORK_GATE = threading.RLock()
 # Descriptors a forked child closes at once (flocks of the parent's).
 _CLOSE_IN_CHILD: set = set()
 # Objects a child must never finalize (an SQLite connection's destructor would
@@ -79,8 +82,8 @@ def abandon(resource: object) -> None:
 
 def _close_inherited_descriptors() -> None:
     global _LOCK, _FORK_GATE
-    _LOCK = threading.Lock()  # another thread may have held it at the fork
-    _FORK_GATE = threading.Lock()  # held by the fork itself
+    _LOCK = threading.RLock()  # another thread may have held it at the fork
+    _FORK_GATE = threading.RLock()  # held by the fork itself
     for descriptor in _CLOSE_IN_CHILD:
         try:
             os.close(descriptor)

@@ -11,14 +11,16 @@ import json
 import multiprocessing
 import os
 import signal
+import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 import unittest
 
 from reliability_support import ReliabilityCase, one_call_in_a_fresh_worker
-from support import run_cli
+from support import TESTS, run_cli
 
 from crash_recovery.guard import RecoveryGuard
 from crash_recovery.storage.call_lock import held_calls
@@ -155,10 +157,6 @@ class ChildProcesses(ReliabilityCase):
         self.assertEqual(report.kinds(), ["started", "returned"] * 3)
 
 
-if __name__ == "__main__":
-    unittest.main()
-
-
 class ForkWhileALockIsOpened(unittest.TestCase):
     """A fork in another thread between a lock descriptor's open and its
     registration (storage/forksafe.py ``open_registered``) waits for both, so
@@ -210,3 +208,38 @@ class ForkWhileALockIsOpened(unittest.TestCase):
         forksafe.forget(descriptors[0])
         os.close(descriptors[0])
         self.assertEqual(answer, b"closed")
+
+
+class ForkInsideTheOpeningThread(unittest.TestCase):
+    """A fork made by the thread that is itself between a lock descriptor's
+    open and its registration -- a signal handler's, which runs in whatever
+    the main thread was doing -- goes ahead (storage/forksafe.py)."""
+
+    def test_a_fork_from_inside_open_registered_does_not_hang(self):
+        script = textwrap.dedent("""
+            import os, sys
+            sys.path.insert(0, {tests!r})
+            import support
+            from crash_recovery.storage import forksafe
+
+            def opener():
+                pid = os.fork()  # as a signal handler arriving here would
+                if pid == 0:
+                    os._exit(7)
+                print("child exit", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+                return os.open(sys.argv[1], os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+
+            descriptor = forksafe.open_registered(opener)
+            forksafe.forget(descriptor)
+            os.close(descriptor)
+            print("registered")
+        """).format(tests=TESTS)
+        path = os.path.join(self.enterContext(tempfile.TemporaryDirectory()), "lock")
+        completed = subprocess.run([sys.executable, "-c", script, path], capture_output=True,
+                                   text=True, timeout=120)
+        self.assertEqual((completed.returncode, completed.stdout),
+                         (0, "child exit 7\nregistered\n"), completed.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
