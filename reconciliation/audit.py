@@ -34,15 +34,21 @@ def append_operator_log(data_dir: str, entry: dict) -> Optional[str]:
     line = (text + "\n").encode("utf-8")
     try:
         descriptor = open_regular_file(os.path.join(data_dir, OPERATOR_LOG_NAME),
-                                       os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+                                       os.O_RDWR | os.O_APPEND | os.O_CREAT)
         try:
-            os.write(descriptor, line)
+            size = os.fstat(descriptor).st_size
+            if size and os.pread(descriptor, 1, size - 1) != b"\n":
+                line = b"\n" + line  # after a torn line (a full disk): this one stands alone
+            written = os.write(descriptor, line)
             os.fsync(descriptor)
         finally:
             os.close(descriptor)
         fsync_directory(data_dir)  # the file's name, when this append created it
     except OSError as exc:
         return f"{OPERATOR_LOG_NAME} not written: {exc.strerror or exc}"
+    if written != len(line):
+        return (f"{OPERATOR_LOG_NAME} not written completely ({written} of {len(line)} bytes; "
+                "is the disk full?)")
     return None
 
 
@@ -59,6 +65,8 @@ def read_operator_log(data_dir: str) -> list:
         return [{"unreadable": str(exc)}]
     entries = []
     for number, line in enumerate(lines, start=1):
+        if not line:
+            continue  # two appends that both ended a torn line
         try:
             entry = json.loads(line)
         except (ValueError, RecursionError):

@@ -9,10 +9,13 @@ import io
 import logging
 import os
 import re
+import subprocess
+import sys
+import textwrap
 import unicodedata
 import unittest
 
-from support import REPO, JournalTestCase
+from support import REPO, TESTS, JournalTestCase
 from test_guard import Downstream
 
 from crash_recovery.guard import RecoveryGuard
@@ -140,6 +143,32 @@ class OperatorLogLines(JournalTestCase):
             text = stream.read()
         self.assertEqual(len(text.splitlines()), 1)  # str.splitlines splits on all of them
         self.assertEqual(read_operator_log(self.data_dir), [{"evidence": evidence}])
+
+    def test_a_torn_append_is_reported_and_the_next_line_stands_alone(self):
+        from crash_recovery.reconciliation.audit import append_operator_log, read_operator_log
+        os.makedirs(self.data_dir)
+        self.assertIsNone(append_operator_log(self.data_dir, {"action": "first"}))
+        size = os.path.getsize(os.path.join(self.data_dir, "operator.log"))
+        # A child whose file-size limit ends 5 bytes into the next line: the
+        # kernel writes those 5 and returns a short count, as a full disk does.
+        child = textwrap.dedent("""
+            import resource, signal, sys
+            sys.path.insert(0, {tests!r})
+            import support
+            from crash_recovery.reconciliation.audit import append_operator_log
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[2]), resource.RLIM_INFINITY))
+            print(append_operator_log(sys.argv[1], {{"action": "torn"}}))
+        """).format(tests=TESTS)
+        completed = subprocess.run([sys.executable, "-c", child, self.data_dir, str(size + 5)],
+                                   capture_output=True, text=True, timeout=120)
+        self.assertEqual(completed.stdout, "operator.log not written completely (5 of 18 bytes; "
+                                           "is the disk full?)\n", completed.stderr)
+        self.assertIsNone(append_operator_log(self.data_dir, {"action": "third"}))
+        with open(os.path.join(self.data_dir, "operator.log"), "rb") as stream:
+            self.assertEqual(stream.read(), b'{"action":"first"}\n{"act\n{"action":"third"}\n')
+        self.assertEqual(read_operator_log(self.data_dir),
+                         [{"action": "first"}, {"unreadable_line": 2}, {"action": "third"}])
 
 
 class EveryLoggerOfThePluginEscapes(unittest.TestCase):
