@@ -266,7 +266,7 @@ def probe_owner(data_dir: str, operation_id: str) -> dict:
             os.close(directory)
     if state == OWNER_RUNNING and _call_of(operation_id, tag)["operation_id"] != operation_id:
         state, tag = OWNER_GONE, None  # another call's lock, renamed by hand to this name
-    if state == OWNER_GONE:  # its file deleted or moved while its worker holds the lock?
+    if state != OWNER_RUNNING:  # its file deleted, moved or replaced while its worker holds it?
         held = [call for call in held_calls(data_dir) if call["operation_id"] == operation_id]
         if held:
             state, tag = OWNER_RUNNING, held[0]
@@ -429,6 +429,8 @@ def _refuse_if_held(directory: int, name: str) -> None:
     except OSError:
         return
     try:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            return  # not a lock of ours: left as it was found
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

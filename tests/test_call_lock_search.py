@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import stat
 import subprocess
 import sys
 import textwrap
@@ -45,14 +46,13 @@ SEARCHES = textwrap.dedent("""
     from crash_recovery.storage import call_lock
     from crash_recovery.storage.errors import AdmissionRefused
     data_dir, operation_id = sys.argv[1], sys.argv[2]
+    found = {{"held": [call["operation_id"] for call in call_lock.held_calls(data_dir)],
+             "owner": call_lock.probe_owner(data_dir, operation_id)["owner"], "refusal": None}}
     try:
-        call_lock.refuse_calls_out(data_dir)
-        refusal = None
+        call_lock.refuse_calls_out(data_dir)  # last: it removes leftovers
     except AdmissionRefused as exc:
-        refusal = exc.code
-    print(json.dumps({{"held": [call["operation_id"] for call in call_lock.held_calls(data_dir)],
-                      "owner": call_lock.probe_owner(data_dir, operation_id)["owner"],
-                      "refusal": refusal}}))
+        found["refusal"] = exc.code
+    print(json.dumps(found))
 """).format(tests=TESTS)
 
 
@@ -148,6 +148,20 @@ class LockSearch(ArchiverCase):
         self.assertEqual(worker.release()[:2], (0, json.loads(BOOKED)))
         kinds = [kind for _, kind, op in all_events(self.data_dir) if op == operation_id]
         self.assertEqual(kinds, ["started", "returned"])
+
+    def test_a_lock_file_moved_and_replaced_at_its_name_still_reads_running(self):
+        worker, operation_id = self.running_call("slow")
+        at_name = os.path.join(self.data_dir, "calls", operation_id)
+        os.rename(at_name, os.path.join(self.data_dir, "moved-lock"))
+        os.mkfifo(at_name, 0o600)  # what stands at its name now cannot be probed
+        self.assertEqual(self.searches(operation_id),
+                         f'{{"held": ["{operation_id}"], "owner": "running", '
+                         '"refusal": "owner_running"}')
+        self.assertTrue(stat.S_ISFIFO(os.lstat(at_name).st_mode))  # left as it was found
+        code, result, text = run_cli(self.data_dir, "resolve", operation_id, "--outcome",
+                                     "not_applied", "--evidence", "it looked gone")
+        self.assertEqual((code, result["error"]["code"]), (1, "owner_running"), text)
+        self.assertEqual(worker.release()[:2], (0, json.loads(BOOKED)))
 
 
 class KeeperShared(ReliabilityCase):
