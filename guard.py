@@ -172,13 +172,16 @@ class RecoveryGuard:
                     value.encode("utf-8")
             args_hash, call_fingerprint = call_hashes(tool_name, args)
         except (EncodingError, UnicodeEncodeError) as exc:
-            problem = (f"in its arguments, {exc.message}" if isinstance(exc, JournalError)
-                       else "its tool name, session id or call id is not valid UTF-8")
+            if isinstance(exc, JournalError):
+                problem = (f"in its arguments, {exc.message}. Nothing was run. Arguments must be "
+                           "plain JSON values (text, numbers, true, false, null, arrays, objects "
+                           "with text keys), none inside itself")
+            else:
+                problem = ("its tool name, session id or call id is not valid UTF-8 (a lone "
+                           "surrogate). Nothing was run")
             raise Refusal("non_canonical_arguments",
-                           f"The call to {tool_name} cannot be journaled: {problem}. "
-                           "Nothing was run. Arguments must be plain JSON values (text, numbers, "
-                           "true, false, null, arrays, objects with text keys), none inside "
-                           "itself; tell the user the call was refused.") from None
+                           f"The call to {tool_name} cannot be journaled: {problem}; "
+                           "tell the user the call was refused.") from None
         return (tool_name, session_id, tool_call_id, args_hash), call_fingerprint
 
     # ---------------------------------------------------------- refusals --

@@ -26,7 +26,8 @@ from ..storage.database import translate_sqlite_error
 from ..storage.durable import storage_error
 from ..storage.chain import operation_from_started
 from ..storage.errors import AdmissionRefused, IntegrityError, JournalError
-from ..storage.call_lock import OWNER_RUNNING, held_calls, probe_owner
+from ..storage.call_lock import (OWNER_RUNNING, OWNER_UNKNOWN, OWNERS_KNOWABLE, held_calls,
+                                  probe_owner)
 from ..storage.log_lines import plugin_logger
 from ..storage.record import CHECKPOINT_NAME, canonical_text
 from .audit import acting_operator, command_caller, log_action, read_operator_log
@@ -324,13 +325,18 @@ def command_resolve(args: argparse.Namespace, data_dir: str, journal_class: Jour
     operation_id = _operation_id(args.operation_id, data_dir, journal_class)
     evidence = _evidence(args)
     owner = probe_owner(data_dir, operation_id)
-    if owner["owner"] == OWNER_RUNNING and not args.force:
+    may_run = owner["owner"] == OWNER_RUNNING or (owner["owner"] == OWNER_UNKNOWN
+                                                  and OWNERS_KNOWABLE)
+    if may_run and not args.force:
+        runs = (f"still runs (pid {owner['pid']})" if owner["owner"] == OWNER_RUNNING else
+                f"may still run: a call lock in the data directory cannot be read, or "
+                f"something else stands at calls/{operation_id}")
         raise CommandError(
             "owner_running",
-            f"the worker that started {operation_id} still runs (pid {owner['pid']}); its "
+            f"the worker that started {operation_id} {runs}; its "
             "outcome is not final yet. Stop every worker of this profile first, or force the "
             "resolution with evidence that says why", owner=owner)
-    forced = bool(args.force and owner["owner"] == OWNER_RUNNING)
+    forced = bool(args.force and may_run)
     operator = acting_operator(args)
     with journal_class(data_dir, create=False) as journal:
         resolution = journal.resolve(operation_id, outcome=args.outcome, evidence=evidence,
@@ -389,8 +395,9 @@ def command_archive(args: argparse.Namespace, data_dir: str, journal_class: Jour
     # record its outcome; Journal.archive checks again under the writer lock.
     holder = next(iter(held_calls(data_dir)), None)
     if holder is not None:
+        operation = holder.get("operation_id") or "unknown: its lock file says not whose"
         raise CommandError("owner_running", f"a protected call is running (pid "
-                           f"{holder.get('pid')}, operation {holder.get('operation_id')}); "
+                           f"{holder.get('pid')}, operation {operation}); "
                            "archive when it has finished", owner=holder)
     with journal_class(data_dir, create=False) as journal:
         sealed = journal.archive()

@@ -80,6 +80,7 @@ def status_report(journal: Any, data_dir: str, *, now_ns: Optional[int] = None) 
         pending = {view["operation_id"] for view in unresolved if view["state"] == "pending"}
         in_flight = next((call for call in held if call["operation_id"] in pending), None)
         resolved_running = [call for call in held if call["operation_id"] not in pending
+                            and call["operation_id"] is not None  # a tag that says not whose
                             and journal.resolved_while_running(call["operation_id"])]
         busy_timeout = getattr(journal, "busy_timeout", DEFAULT_BUSY_TIMEOUT_SECONDS)
         stuck = stuck_writer(journal.database_path, busy_timeout)

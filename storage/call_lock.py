@@ -38,7 +38,7 @@ from typing import Optional
 from . import forksafe, lock_holders
 from .durable import foreign_file_type, process_alive
 from .errors import AdmissionRefused, JournalUnavailable
-from .record import is_uuid
+from .record import DATABASE_NAME, SHM_SUFFIX, is_uuid
 
 try:
     import fcntl
@@ -49,9 +49,15 @@ CALLS_DIRECTORY = "calls"
 OWNER_RUNNING = "running"
 OWNER_GONE = "gone"
 OWNER_UNKNOWN = "unknown"
-_TAG_LIMIT = 4096  # bytes: a tag is under 200
+# Where call locks exist, "unknown" is a lock that cannot be read: not "gone".
+OWNERS_KNOWABLE = fcntl is not None
+# A tag is under 200 bytes; every database of ours and its -shm is several
+# 4 KiB pages, so nothing this small is a file SQLite locks (see _open_lock_file).
+_TAG_LIMIT = 1024
 _TEMP_NAME = re.compile(r"\.([0-9a-f-]{36})\.(\d+)\.tmp")
 _FILE_FLAGS = os.O_NOFOLLOW | os.O_CLOEXEC | getattr(os, "O_NONBLOCK", 0)
+# Descriptors never closed (see _open_lock_file); a forked child closes its copies.
+_KEPT_OPEN: list = []
 _DIRECTORY_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | os.O_NOFOLLOW | os.O_CLOEXEC
 
 # (pid, start time) of this process, read once: it cannot change, and the
@@ -204,6 +210,36 @@ def _read_tag(descriptor: int) -> dict:
     return tag if isinstance(tag, dict) else {}
 
 
+def _may_be_lock_file(found: os.stat_result) -> bool:
+    return stat.S_ISREG(found.st_mode) and found.st_size <= _TAG_LIMIT
+
+
+def _open_lock_file(path: str, directory: Optional[int] = None) -> Optional[int]:
+    """A read-only descriptor of ``path`` (a name in ``directory``, never
+    followed; or a ``/proc/<pid>/fd`` link) when it may be a call lock file:
+    a regular file of at most ``_TAG_LIMIT`` bytes.  None for anything else,
+    which is looked at with ``stat`` only: opening a FIFO may block, and
+    closing a descriptor drops every POSIX lock this process holds on its file
+    -- an SQLite connection's too, whatever name the file was reached by (a
+    hard link, another process's descriptor).  A file replaced between the
+    look and the open by one that is not small is kept open for good, for the
+    same reason.  Raises ``FileNotFoundError`` when absent, else ``OSError``."""
+    if not _may_be_lock_file(os.stat(path, dir_fd=directory, follow_symlinks=directory is None)):
+        return None
+    flags = os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NONBLOCK", 0)
+    descriptor = os.open(path, flags | (os.O_NOFOLLOW if directory is not None else 0),
+                         dir_fd=directory)
+    try:
+        small = _may_be_lock_file(os.fstat(descriptor))
+    except OSError:
+        small = False
+    if small:
+        return descriptor
+    forksafe.close_in_child(descriptor)
+    _KEPT_OPEN.append(descriptor)
+    return None
+
+
 def _listed(name: str) -> bool:
     """Whether :func:`held_calls` and :func:`refuse_calls_out` probe
     ``calls/<name>`` by its name (so the search off names skips it)."""
@@ -223,32 +259,33 @@ def _probe_file(directory: int, name: str) -> tuple:
     """``(state, tag)`` of ``calls/<name>``: ``running`` (tag: a dict),
     ``gone`` or ``unknown``.  Never raises."""
     try:
-        descriptor = os.open(name, os.O_RDONLY | _FILE_FLAGS, dir_fd=directory)
+        descriptor = _open_lock_file(name, directory)
     except FileNotFoundError:
         return OWNER_GONE, None
     except OSError:
         return OWNER_UNKNOWN, None
+    if descriptor is None:
+        return OWNER_UNKNOWN, None
     try:
-        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
-            return OWNER_UNKNOWN, None
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return OWNER_RUNNING, _read_tag(descriptor)
-        except OSError:
-            return OWNER_UNKNOWN, None
-        return OWNER_GONE, None  # closing the descriptor drops the probe's lock
+        fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return OWNER_RUNNING, _read_tag(descriptor)
+    except OSError:
+        return OWNER_UNKNOWN, None
     finally:
-        os.close(descriptor)
+        os.close(descriptor)  # closing drops the probe's own lock
+    return OWNER_GONE, None
 
 
 def probe_owner(data_dir: str, operation_id: str) -> dict:
     """The operator's side: is the worker of ``operation_id`` running its call?
 
     Returns ``{"owner": "running"|"gone"|"unknown", "pid": int|None,
-    "process_start": float|None}``; ``running`` too when its file was deleted or moved
-    by hand while its worker holds the lock (:func:`_held_off_its_name`).
-    Creates nothing; never raises."""
+    "process_start": float|None}``; ``running`` too when its file was deleted,
+    moved or replaced by hand while its worker holds the lock
+    (:func:`held_calls`); ``unknown`` when that cannot be told (no ``flock``;
+    what stands at its name cannot be probed, or a held lock's tag cannot be
+    read, and no held lock names the call).  Creates nothing; never raises."""
     result = {"owner": OWNER_UNKNOWN, "pid": None, "process_start": None}
     if fcntl is None or not is_uuid(operation_id):
         return result
@@ -258,7 +295,7 @@ def probe_owner(data_dir: str, operation_id: str) -> dict:
     except FileNotFoundError:
         state, tag = OWNER_GONE, None
     except OSError:
-        return result
+        state, tag = OWNER_UNKNOWN, None  # calls/ replaced by something else
     else:
         try:
             state, tag = _probe_file(directory, operation_id)
@@ -267,9 +304,12 @@ def probe_owner(data_dir: str, operation_id: str) -> dict:
     if state == OWNER_RUNNING and _call_of(operation_id, tag)["operation_id"] != operation_id:
         state, tag = OWNER_GONE, None  # another call's lock, renamed by hand to this name
     if state != OWNER_RUNNING:  # its file deleted, moved or replaced while its worker holds it?
-        held = [call for call in held_calls(data_dir) if call["operation_id"] == operation_id]
-        if held:
-            state, tag = OWNER_RUNNING, held[0]
+        held = held_calls(data_dir)
+        mine = [call for call in held if call["operation_id"] == operation_id]
+        if mine:
+            state, tag = OWNER_RUNNING, mine[0]
+        elif any(call["operation_id"] is None for call in held):
+            state, tag = OWNER_UNKNOWN, None  # a held lock that does not say whose it is
     result["owner"] = state
     if tag is not None:
         result.update(pid=tag.get("pid"), process_start=tag.get("process_start"))
@@ -277,22 +317,21 @@ def probe_owner(data_dir: str, operation_id: str) -> dict:
 
 
 def held_calls(data_dir: str) -> list:
-    """Every call whose lock is held now, by name: ``[{"operation_id", "pid",
-    "process_start"}]``, plus (Linux) those whose lock file someone deleted or moved
-    while its worker holds it (:func:`_held_off_its_name`).  Creates and
-    changes nothing; never raises."""
+    """Every call whose lock is held now: ``[{"operation_id", "pid",
+    "process_start"}]``, by name, plus (Linux) those whose lock file someone
+    deleted, moved or replaced while its worker holds it
+    (:func:`_held_off_its_name`; ``operation_id`` None for one whose tag
+    cannot be read).  Creates and changes nothing; never raises."""
     if fcntl is None:
         return []
     data_dir = os.fspath(data_dir)
-    try:
-        directory = _open_directory(data_dir, create=False)
-    except FileNotFoundError:  # calls/ itself deleted by hand
-        return _held_unnamed(data_dir)
-    except OSError:
-        return []
     found = []
     try:
-        for name in sorted(os.listdir(os.path.join(data_dir, CALLS_DIRECTORY))):
+        directory = _open_directory(data_dir, create=False)
+    except OSError:  # calls/ deleted or replaced by hand
+        return _held_unnamed(data_dir)
+    try:
+        for name in sorted(os.listdir(directory)):
             if not _listed(name):
                 continue
             state, tag = _probe_file(directory, name)
@@ -300,12 +339,12 @@ def held_calls(data_dir: str) -> list:
                 found.append(_call_of(name, tag))
         device = os.fstat(directory).st_dev
     except OSError:
-        return found
+        return found + _held_unnamed(data_dir)
     finally:
         os.close(directory)
     named = {call["operation_id"] for call in found}
     return found + [call for call in _held_off_its_name(data_dir, device)
-                    if call["operation_id"] not in named]
+                    if call["operation_id"] is None or call["operation_id"] not in named]
 
 
 def _held_unnamed(data_dir: str) -> list:
@@ -323,9 +362,10 @@ def _held_off_its_name(data_dir: str, device: int) -> list:
     itself) anywhere inside the data directory: the worker may still record an
     outcome, but no name shows it.  Found from the kernel's list of locks and
     each holder's open files (same user: ``/proc/<pid>/fd``); the operation is
-    the file's tag (or, deleted, its name).  A lock file moved out of the data
-    directory is not found (docs/guard.md §Late outcomes).  [] where that
-    cannot be read."""
+    the file's tag (or, deleted, its name; None when neither says).  A lock
+    file moved out of the data directory is not found, unless its new path is
+    too long to be read, which counts as inside (docs/guard.md §Late
+    outcomes).  [] where that cannot be read."""
     inside = os.path.realpath(data_dir) + os.sep
     at_name = inside + CALLS_DIRECTORY + os.sep  # probed by name already (:func:`_listed`)
     found = []
@@ -338,42 +378,45 @@ def _held_off_its_name(data_dir: str, device: int) -> list:
             path = f"/proc/{pid}/fd/{descriptor}"
             try:
                 target = os.readlink(path)
-                if not target.startswith(inside) or (
-                        target.startswith(at_name) and _listed(target[len(at_name):])):
-                    continue
-                found_file = os.stat(path)  # opens nothing: a FIFO would block an open
             except OSError:
+                target = inside  # a path too long to read back: could be anywhere inside
+            if not target.startswith(inside) or (
+                    target.startswith(at_name) and _listed(target[len(at_name):])):
                 continue
-            if (found_file.st_ino, found_file.st_dev) != (inode, device) or not (
-                    stat.S_ISREG(found_file.st_mode) and found_file.st_size <= _TAG_LIMIT):
-                continue  # not a call lock: a FIFO, a device, an SQLite file
-            call = _call_of(os.path.basename(target.removesuffix(" (deleted)")),
-                            _read_tag_through(path, found_file))
-            if is_uuid(call["operation_id"]):
-                found.append({**call, "pid": call["pid"] or pid})
+            tag = _tag_held_at(path, device, inode)
+            if tag is None:
+                continue
+            call = _call_of(os.path.basename(target.removesuffix(" (deleted)")), tag)
+            if not is_uuid(call["operation_id"]):
+                # No tag says whose: a call's only if its holder has an SQLite
+                # connection to this journal (another program's flock is not one).
+                connected = lock_holders.posix_lock_holders(
+                    os.path.join(data_dir, DATABASE_NAME + SHM_SUFFIX), 0, 2**62)
+                if pid not in (connected or ()):
+                    continue
+                call["operation_id"] = None
+            found.append({**call, "pid": call["pid"] or pid})
     return found
 
 
-def _read_tag_through(path: str, expected: os.stat_result) -> dict:
-    """The tag of the file another process has open at ``path`` (a
-    ``/proc/<pid>/fd`` link), when it is still ``expected``'s file and carries
-    no POSIX lock; else {}.  Closing a descriptor drops every POSIX lock this
-    process holds on its file -- an SQLite connection's among them -- so a
-    file with any is never opened."""
-    locked = lock_holders.posix_locked_inodes(expected.st_dev)
-    if locked is None or expected.st_ino in locked:
-        return {}
+def _tag_held_at(path: str, device: int, inode: int) -> Optional[dict]:
+    """The tag ({} when unreadable) of the file another process has open at
+    ``path`` (a ``/proc/<pid>/fd`` link) when it is the flocked file
+    ``device``/``inode`` and may be a call lock (:func:`_open_lock_file`);
+    None when it is not."""
     try:
-        descriptor = os.open(path, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NONBLOCK", 0))
+        descriptor = _open_lock_file(path)
     except OSError:
-        return {}
+        return None
+    if descriptor is None:
+        return None
     try:
         opened = os.fstat(descriptor)
-        if (opened.st_ino, opened.st_dev) != (expected.st_ino, expected.st_dev):
-            return {}  # replaced between the look and the open
+        if (opened.st_dev, opened.st_ino) != (device, inode):
+            return None  # not the flocked file (or replaced since)
         return _read_tag(descriptor)
     except OSError:
-        return {}
+        return None
     finally:
         os.close(descriptor)
 
@@ -381,10 +424,11 @@ def _read_tag_through(path: str, expected: os.stat_result) -> dict:
 def refuse_calls_out(data_dir: str) -> None:
     """Under the writer lock: raise :class:`AdmissionRefused` ``owner_running``
     while any call lock is held (its outcome can still arrive, and must find
-    its operation in the live journal).  Leftovers of dead workers (unheld
-    locks, temporary files of gone processes) are removed meanwhile.  A
-    worker locking a new call after this check cannot write its ``started``
-    before the caller commits (it needs the writer lock)."""
+    its operation in the live journal), or while that cannot be told.
+    Leftovers of dead workers (unheld lock files, temporary files of gone
+    processes) are removed meanwhile.  A worker locking a new call after this
+    check cannot write its ``started`` before the caller commits (it needs the
+    writer lock)."""
     if fcntl is None:
         return
     data_dir = os.fspath(data_dir)
@@ -395,17 +439,17 @@ def refuse_calls_out(data_dir: str) -> None:
             raise _call_out(call)
         return
     except OSError as exc:
-        raise AdmissionRefused("owner_running", f"{CALLS_DIRECTORY}/ cannot be examined "
-                               f"({exc.strerror or exc}): whether a protected call is out "
-                               "is unknown; nothing was changed") from None
+        raise _cannot_tell(exc) from None
     try:
-        for name in sorted(os.listdir(os.path.join(data_dir, CALLS_DIRECTORY))):
+        for name in sorted(os.listdir(directory)):
             temp = _TEMP_NAME.fullmatch(name)
             if temp is not None and not process_alive(int(temp.group(2))):
                 _remove(directory, name)
             elif _listed(name):
                 _refuse_if_held(directory, name)
         device = os.fstat(directory).st_dev
+    except OSError as exc:
+        raise _cannot_tell(exc) from None
     finally:
         os.close(directory)
     # A lock file deleted or moved by hand while its worker still runs the call.
@@ -413,11 +457,18 @@ def refuse_calls_out(data_dir: str) -> None:
         raise _call_out(call)
 
 
+def _cannot_tell(exc: OSError) -> AdmissionRefused:
+    return AdmissionRefused("owner_running", f"{CALLS_DIRECTORY}/ cannot be examined "
+                            f"({exc.strerror or exc}): whether a protected call is out "
+                            "is unknown; nothing was changed")
+
+
 def _call_out(call: dict) -> AdmissionRefused:
     """``owner_running`` for a call whose outcome can still arrive."""
+    operation = call["operation_id"] or "unknown: its lock file's tag cannot be read"
     return AdmissionRefused(
         "owner_running", f"a protected call is still out in this profile (operation "
-        f"{call['operation_id']}, pid {call['pid']}): its outcome can still arrive, and it must "
+        f"{operation}, pid {call['pid']}): its outcome can still arrive, and it must "
         "find its operation in the live journal. Archive when it has finished (a worker hung in "
         "a call, even one an operator resolved, must be stopped first); nothing was changed",
         owner=call)
@@ -425,12 +476,12 @@ def _call_out(call: dict) -> AdmissionRefused:
 
 def _refuse_if_held(directory: int, name: str) -> None:
     try:
-        descriptor = os.open(name, os.O_RDONLY | _FILE_FLAGS, dir_fd=directory)
+        descriptor = _open_lock_file(name, directory)
     except OSError:
         return
+    if descriptor is None:
+        return  # not a lock of ours: left as it was found
     try:
-        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
-            return  # not a lock of ours: left as it was found
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

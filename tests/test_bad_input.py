@@ -164,7 +164,8 @@ class Arguments(ReliabilityCase):
                     blocked = json.loads(text)
                     self.assertEqual(blocked["code"], "non_canonical_arguments")
                     self.assertIn(f"The call to {tool} cannot be journaled: its tool name, "
-                                  "session id or call id is not valid UTF-8.",
+                                  "session id or call id is not valid UTF-8 (a lone surrogate). "
+                                  "Nothing was run; tell the user the call was refused.",
                                   blocked["explanation"])
                 self.assertEqual(downstream.calls, 0)
         self.assertEqual(logical_snapshot(self), before)

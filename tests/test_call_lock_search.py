@@ -4,9 +4,12 @@
 another spelling or to another operation's id.
 
 Each case keeps the input of a failure report (a breaker's repro) as its
-regression test: the search once opened and closed every flocked file (which
-dropped this process's SQLite locks), blocked in ``open`` on a FIFO, and took a
-lock file's name for its operation.  Real processes hold the locks.
+regression test: the search once opened and closed every flocked file, or a
+journal file hard-linked at a lock's name (which dropped this process's SQLite
+locks), blocked in ``open`` on a FIFO, took a lock file's name for its
+operation, and lost a call whose lock file was moved out of reach of
+``readlink``, emptied, record-locked by another program, or replaced at its
+name.  Real processes hold the locks.
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from test_archive import all_events
 from test_archive_concurrency import BOOKED, TIMEOUT_SECONDS, WAITING_WORKER, ArchiverCase, Paused
 
 from crash_recovery.storage import call_lock, wal_keeper
+from crash_recovery.storage.errors import AdmissionRefused
 
 # Takes an exclusive flock on each path given (opened without blocking, so a
 # FIFO too), says "locked" on stderr and waits for a line on stdin.
@@ -161,6 +165,100 @@ class LockSearch(ArchiverCase):
         code, result, text = run_cli(self.data_dir, "resolve", operation_id, "--outcome",
                                      "not_applied", "--evidence", "it looked gone")
         self.assertEqual((code, result["error"]["code"]), (1, "owner_running"), text)
+        self.assertEqual(worker.release()[:2], (0, json.loads(BOOKED)))
+
+    def assert_running_and_refused(self, operation_id):
+        """Every surface treats the call as running: resolve and archive refused."""
+        self.assertEqual(self.searches(operation_id),
+                         f'{{"held": ["{operation_id}"], "owner": "running", '
+                         '"refusal": "owner_running"}')
+        code, result, text = run_cli(self.data_dir, "resolve", operation_id, "--outcome",
+                                     "not_applied", "--evidence", "it looked gone")
+        self.assertEqual((code, result["error"]["code"]), (1, "owner_running"), text)
+        code, result, text = run_cli(self.data_dir, "archive")
+        self.assertEqual((code, result["error"]["code"]), (1, "owner_running"), text)
+
+    def test_a_foreign_record_lock_on_a_moved_lock_file_hides_nothing(self):
+        worker, operation_id = self.running_call("slow")
+        moved = os.path.join(self.data_dir, "moved-by-hand")
+        os.rename(os.path.join(self.data_dir, "calls", operation_id), moved)
+        holder = Paused(self, textwrap.dedent("""
+            import fcntl, sys
+            stream = open(sys.argv[1], "rb")
+            fcntl.lockf(stream, fcntl.LOCK_SH | fcntl.LOCK_NB, 1, 0)
+            print("locked", file=sys.stderr, flush=True)
+            sys.stdin.readline()
+        """), moved)
+        self.assertEqual(holder.first_line, "locked")
+        self.assert_running_and_refused(operation_id)
+        self.assertEqual(worker.release()[:2], (0, json.loads(BOOKED)))
+
+    def test_calls_replaced_after_it_was_moved_hides_nothing(self):
+        worker, operation_id = self.running_call("slow")
+        calls = os.path.join(self.data_dir, "calls")
+        os.rename(calls, calls + ".old")
+        os.symlink(calls + ".old", calls)
+        self.assertEqual(self.searches(operation_id),
+                         f'{{"held": ["{operation_id}"], "owner": "running", '
+                         '"refusal": "owner_running"}')
+        code, result, text = run_cli(self.data_dir, "resolve", operation_id, "--outcome",
+                                     "not_applied", "--evidence", "it looked gone")
+        self.assertEqual((code, result["error"]["code"]), (1, "owner_running"), text)
+        os.unlink(calls)
+        os.rename(calls + ".old", calls)
+        self.assertEqual(worker.release()[:2], (0, json.loads(BOOKED)))
+
+    def test_a_lock_file_moved_deeper_than_a_path_can_be_read_hides_nothing(self):
+        worker, operation_id = self.running_call("slow")
+        parent = os.open(self.data_dir, os.O_RDONLY)
+        for _ in range(20):  # 20 x 251 bytes: past PATH_MAX, so readlink fails
+            os.mkdir("d" * 250, dir_fd=parent)
+            child = os.open("d" * 250, os.O_RDONLY, dir_fd=parent)
+            os.close(parent)
+            parent = child
+        self.addCleanup(os.close, parent)
+        os.rename(os.path.join(self.data_dir, "calls", operation_id), "lock", dst_dir_fd=parent)
+        self.assertEqual(self.searches(operation_id),
+                         f'{{"held": ["{operation_id}"], "owner": "running", '
+                         '"refusal": "owner_running"}')
+        self.assertEqual(worker.release()[:2], (0, json.loads(BOOKED)))
+
+    def test_a_lock_file_emptied_and_moved_is_still_a_call_out(self):
+        worker, operation_id = self.running_call("slow")
+        at_name = os.path.join(self.data_dir, "calls", operation_id)
+        os.truncate(at_name, 0)  # its tag gone: nothing says whose it is
+        os.rename(at_name, os.path.join(self.data_dir, "moved-by-hand"))
+        self.assertEqual(self.searches(operation_id),
+                         '{"held": [null], "owner": "unknown", "refusal": "owner_running"}')
+        code, result, text = run_cli(self.data_dir, "resolve", operation_id, "--outcome",
+                                     "not_applied", "--evidence", "it looked gone")
+        self.assertEqual((code, result["error"]["code"]), (1, "owner_running"), text)
+        self.assertIn("may still run", result["error"]["message"])
+        code, result, text = run_cli(self.data_dir, "archive")
+        self.assertEqual((code, result["error"]["code"]), (1, "owner_running"), text)
+        status = run_cli(self.data_dir, "status")[1]
+        self.assertEqual([view["owner"] for view in status["unresolved"]], ["unknown"])
+        self.assertEqual(worker.release()[:2], (0, json.loads(BOOKED)))
+
+    def test_a_journal_file_hard_linked_at_a_lock_name_keeps_this_process_s_sqlite_locks(self):
+        worker, operation_id = self.running_call("slow")
+        database = os.path.join(self.data_dir, "journal.sqlite3")
+        for linked in (database + "-shm", database):
+            with self.subTest(linked=os.path.basename(linked)):
+                name = os.path.join(self.data_dir, "calls", str(uuid.uuid4()))
+                os.link(linked, name)
+                connection = sqlite3.connect(database, timeout=0, isolation_level=None)
+                connection.execute("BEGIN IMMEDIATE")
+                locks = own_posix_locks([database, database + "-shm"])
+                call_lock.held_calls(self.data_dir)
+                call_lock.probe_owner(self.data_dir, os.path.basename(name))
+                with self.assertRaises(AdmissionRefused) as refused:
+                    call_lock.refuse_calls_out(self.data_dir)
+                self.assertEqual(refused.exception.code, "owner_running")
+                self.assertEqual(own_posix_locks([database, database + "-shm"]), locks)
+                connection.execute("ROLLBACK")
+                connection.close()
+                os.unlink(name)
         self.assertEqual(worker.release()[:2], (0, json.loads(BOOKED)))
 
 
