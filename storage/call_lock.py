@@ -33,6 +33,7 @@ import json
 import os
 import re
 import stat
+import uuid
 from typing import Optional
 
 from . import forksafe, lock_holders
@@ -51,13 +52,12 @@ OWNER_GONE = "gone"
 OWNER_UNKNOWN = "unknown"
 # Where call locks exist, "unknown" is a lock that cannot be read: not "gone".
 OWNERS_KNOWABLE = fcntl is not None
-# A tag is under 200 bytes; every database of ours and its -shm is several
-# 4 KiB pages, so nothing this small is a file SQLite locks (see _open_lock_file).
-_TAG_LIMIT = 1024
+_TAG_LIMIT = 4096  # bytes: a tag is under 200
 _TEMP_NAME = re.compile(r"\.([0-9a-f-]{36})\.(\d+)\.tmp")
 _FILE_FLAGS = os.O_NOFOLLOW | os.O_CLOEXEC | getattr(os, "O_NONBLOCK", 0)
 # Descriptors never closed (see _open_lock_file); a forked child closes its copies.
 _KEPT_OPEN: list = []
+_NOT_FINITE = {"NaN", "Infinity", "-Infinity"}
 _DIRECTORY_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | os.O_NOFOLLOW | os.O_CLOEXEC
 
 # (pid, start time) of this process, read once: it cannot change, and the
@@ -202,90 +202,143 @@ class CallLock:
 
 
 def _read_tag(descriptor: int) -> dict:
-    """The tag of a call lock file ({} when empty, partial or not JSON)."""
+    """The tag of a call lock file: ``{"operation_id", "pid", "process_start"}``
+    as far as they are well formed (a file edited by hand may hold anything);
+    {} when empty, partial or not JSON."""
+    def refuse(constant: str) -> None:
+        raise ValueError(constant)  # NaN and infinities: not JSON, never ours
+
     try:
-        tag = json.loads(os.pread(descriptor, _TAG_LIMIT, 0) or b"null")
+        text = os.pread(descriptor, _TAG_LIMIT, 0).decode("utf-8", "replace")
+        # The first JSON value: a tag with bytes appended by hand still says whose.
+        tag = json.JSONDecoder(parse_constant=refuse).raw_decode(text.lstrip() or "null")[0]
     except (OSError, ValueError, RecursionError):
         return {}
-    return tag if isinstance(tag, dict) else {}
+    if not isinstance(tag, dict):
+        return {}
+    pid, start = tag.get("pid"), tag.get("process_start")
+    return {"operation_id": tag.get("operation_id") if is_uuid(tag.get("operation_id")) else None,
+            "pid": pid if type(pid) is int and pid > 0 else None,
+            "process_start": start if type(start) in (int, float) else None}
 
 
-def _may_be_lock_file(found: os.stat_result) -> bool:
-    return stat.S_ISREG(found.st_mode) and found.st_size <= _TAG_LIMIT
+def _journal_identities(data_dir: str) -> set:
+    """``(st_dev, st_ino)`` of the journal's database and ``-shm``."""
+    found = set()
+    for name in (DATABASE_NAME, DATABASE_NAME + SHM_SUFFIX):
+        try:
+            file = os.stat(os.path.join(data_dir, name))
+        except OSError:
+            continue
+        found.add((file.st_dev, file.st_ino))
+    return found
 
 
-def _open_lock_file(path: str, directory: Optional[int] = None) -> Optional[int]:
-    """A read-only descriptor of ``path`` (a name in ``directory``, never
-    followed; or a ``/proc/<pid>/fd`` link) when it may be a call lock file:
-    a regular file of at most ``_TAG_LIMIT`` bytes.  None for anything else,
-    which is looked at with ``stat`` only: opening a FIFO may block, and
-    closing a descriptor drops every POSIX lock this process holds on its file
-    -- an SQLite connection's too, whatever name the file was reached by (a
-    hard link, another process's descriptor).  A file replaced between the
-    look and the open by one that is not small is kept open for good, for the
-    same reason.  Raises ``FileNotFoundError`` when absent, else ``OSError``."""
-    if not _may_be_lock_file(os.stat(path, dir_fd=directory, follow_symlinks=directory is None)):
-        return None
+def _safe_to_open(file: os.stat_result, data_dir: str) -> bool:
+    """Whether a descriptor of ``file`` may be opened and closed here: a
+    regular file (a FIFO's open may block) that is neither the journal's
+    database or ``-shm`` nor carries a POSIX lock of this process.  Closing
+    any descriptor of a file drops every POSIX lock this process holds on it
+    -- its SQLite connections' -- whatever name the file was reached by (a
+    hard link, another process's descriptor)."""
+    if not stat.S_ISREG(file.st_mode):
+        return False
+    if (file.st_dev, file.st_ino) in _journal_identities(data_dir):
+        return False
+    own = lock_holders.own_posix_locked_inodes(file.st_dev)
+    return own is not None and file.st_ino not in own
+
+
+def _open_lock_file(path: str, data_dir: str, directory: Optional[int] = None,
+                    expected: Optional[tuple] = None) -> tuple:
+    """``(descriptor or None, stat)`` of ``path`` (a name in ``directory``,
+    never followed; or a ``/proc/<pid>/fd`` link): a read-only descriptor when
+    it is the ``expected`` ``(st_dev, st_ino)`` (if given) and
+    :func:`_safe_to_open`, else None (looked at with ``stat`` only; also when
+    it cannot be opened).  A file replaced between the look and the open by
+    one that is not safe to close is kept open for good, for the same reason.
+    Raises ``FileNotFoundError`` when absent, else ``OSError``."""
+    file = os.stat(path, dir_fd=directory, follow_symlinks=directory is None)
+    if expected not in (None, (file.st_dev, file.st_ino)) or not _safe_to_open(file, data_dir):
+        return None, file
     flags = os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NONBLOCK", 0)
-    descriptor = os.open(path, flags | (os.O_NOFOLLOW if directory is not None else 0),
-                         dir_fd=directory)
     try:
-        small = _may_be_lock_file(os.fstat(descriptor))
+        descriptor = os.open(path, flags | (os.O_NOFOLLOW if directory is not None else 0),
+                             dir_fd=directory)
     except OSError:
-        small = False
-    if small:
-        return descriptor
-    forksafe.close_in_child(descriptor)
-    _KEPT_OPEN.append(descriptor)
-    return None
+        return None, file  # unreadable (its mode), or gone since the look
+    try:
+        opened = os.fstat(descriptor)
+    except OSError:
+        opened = None
+    if opened is not None and (opened.st_dev, opened.st_ino) == (file.st_dev, file.st_ino):
+        return descriptor, file
+    if opened is not None and _safe_to_open(opened, data_dir):
+        os.close(descriptor)
+    else:
+        forksafe.close_in_child(descriptor)
+        _KEPT_OPEN.append(descriptor)
+    return None, file
+
+
+def _flock_holder(file: os.stat_result) -> Optional[int]:
+    """The pid holding a write ``flock`` on ``file`` (from the kernel's list,
+    without opening it), 0 when none, None when unknown."""
+    holders = lock_holders.flock_holders(file.st_dev)
+    if holders is None:
+        return None
+    return next((pid for pid, inode in holders if inode == file.st_ino), 0)
 
 
 def _listed(name: str) -> bool:
     """Whether :func:`held_calls` and :func:`refuse_calls_out` probe
-    ``calls/<name>`` by its name (so the search off names skips it)."""
+    ``calls/<name>`` by its name."""
     return is_uuid(name)
 
 
-def _call_of(name: str, tag: dict) -> dict:
-    """``{"operation_id", "pid", "process_start"}`` of a held lock file: the
-    operation its worker wrote in the tag, whatever the file is named now (a
-    lock renamed by hand to another operation's id still says whose it is)."""
-    operation_id = tag.get("operation_id")
-    return {"operation_id": operation_id if is_uuid(operation_id) else name,
-            "pid": tag.get("pid"), "process_start": tag.get("process_start")}
-
-
-def _probe_file(directory: int, name: str) -> tuple:
-    """``(state, tag)`` of ``calls/<name>``: ``running`` (tag: a dict),
-    ``gone`` or ``unknown``.  Never raises."""
+def _probe_file(directory: int, name: str, data_dir: str) -> tuple:
+    """``(state, tag, stat or None)`` of ``calls/<name>``: ``running`` (tag: a
+    dict, {} when unreadable), ``gone`` or ``unknown`` (not a regular file,
+    or it cannot be told).  A file that cannot be opened here is asked about
+    in the kernel's list of locks.  Never raises."""
     try:
-        descriptor = _open_lock_file(name, directory)
+        descriptor, file = _open_lock_file(name, data_dir, directory)
     except FileNotFoundError:
-        return OWNER_GONE, None
+        return OWNER_GONE, None, None
     except OSError:
-        return OWNER_UNKNOWN, None
+        return OWNER_UNKNOWN, None, None
     if descriptor is None:
-        return OWNER_UNKNOWN, None
+        holder = _flock_holder(file) if stat.S_ISREG(file.st_mode) else None
+        if holder:
+            return OWNER_RUNNING, {"pid": holder}, file
+        return (OWNER_GONE if holder == 0 else OWNER_UNKNOWN), None, file
     try:
         fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
-        return OWNER_RUNNING, _read_tag(descriptor)
+        return OWNER_RUNNING, _read_tag(descriptor), file
     except OSError:
-        return OWNER_UNKNOWN, None
+        return OWNER_UNKNOWN, None, file
     finally:
         os.close(descriptor)  # closing drops the probe's own lock
-    return OWNER_GONE, None
+    return OWNER_GONE, None, file
+
+
+def _call(operation_id: Optional[str], tag: dict, pid: Optional[int] = None) -> dict:
+    """``{"operation_id", "pid", "process_start"}`` of a held lock."""
+    return {"operation_id": operation_id, "pid": tag.get("pid") or pid,
+            "process_start": tag.get("process_start")}
 
 
 def probe_owner(data_dir: str, operation_id: str) -> dict:
     """The operator's side: is the worker of ``operation_id`` running its call?
 
     Returns ``{"owner": "running"|"gone"|"unknown", "pid": int|None,
-    "process_start": float|None}``; ``running`` too when its file was deleted,
-    moved or replaced by hand while its worker holds the lock
-    (:func:`held_calls`); ``unknown`` when that cannot be told (no ``flock``;
-    what stands at its name cannot be probed, or a held lock's tag cannot be
-    read, and no held lock names the call).  Creates nothing; never raises."""
+    "process_start": float|None}``: ``running`` when the lock at its name is
+    held, or a held lock's tag names it (its file deleted, moved or renamed by
+    hand: :func:`held_calls`); ``unknown`` when that cannot be told (no
+    ``flock``; what stands at its name cannot be probed, or a held lock's tag
+    cannot be read, and no held lock names the call).  Creates nothing; never
+    raises."""
     result = {"owner": OWNER_UNKNOWN, "pid": None, "process_start": None}
     if fcntl is None or not is_uuid(operation_id):
         return result
@@ -298,12 +351,10 @@ def probe_owner(data_dir: str, operation_id: str) -> dict:
         state, tag = OWNER_UNKNOWN, None  # calls/ replaced by something else
     else:
         try:
-            state, tag = _probe_file(directory, operation_id)
+            state, tag, _ = _probe_file(directory, operation_id, data_dir)
         finally:
             os.close(directory)
-    if state == OWNER_RUNNING and _call_of(operation_id, tag)["operation_id"] != operation_id:
-        state, tag = OWNER_GONE, None  # another call's lock, renamed by hand to this name
-    if state != OWNER_RUNNING:  # its file deleted, moved or replaced while its worker holds it?
+    if state != OWNER_RUNNING:  # its file deleted, moved or renamed while its worker holds it?
         held = held_calls(data_dir)
         mine = [call for call in held if call["operation_id"] == operation_id]
         if mine:
@@ -318,58 +369,65 @@ def probe_owner(data_dir: str, operation_id: str) -> dict:
 
 def held_calls(data_dir: str) -> list:
     """Every call whose lock is held now: ``[{"operation_id", "pid",
-    "process_start"}]``, by name, plus (Linux) those whose lock file someone
-    deleted, moved or replaced while its worker holds it
-    (:func:`_held_off_its_name`; ``operation_id`` None for one whose tag
-    cannot be read).  Creates and changes nothing; never raises."""
+    "process_start"}]``; a lock at its name under the operation its tag names
+    (else its name), plus (Linux) those whose lock file someone deleted, moved
+    or renamed while its worker holds it (:func:`_held_off_its_name`;
+    ``operation_id`` None when its tag cannot be read).  Creates and changes
+    nothing; never raises."""
     if fcntl is None:
         return []
     data_dir = os.fspath(data_dir)
-    found = []
+    found, probed = [], set()
     try:
         directory = _open_directory(data_dir, create=False)
     except OSError:  # calls/ deleted or replaced by hand
-        return _held_unnamed(data_dir)
+        return _held_unnamed(data_dir, probed)
     try:
         for name in sorted(os.listdir(directory)):
             if not _listed(name):
                 continue
-            state, tag = _probe_file(directory, name)
+            state, tag, file = _probe_file(directory, name, data_dir)
             if state == OWNER_RUNNING:
-                found.append(_call_of(name, tag))
+                # Under its name and its tag's operation, when they differ (a
+                # lock renamed, or its tag edited, by hand): either may be the call.
+                # None: a tag that says not whose (emptied by hand), whatever its name.
+                for operation_id in dict.fromkeys((str(uuid.UUID(name)), tag.get("operation_id"))):
+                    found.append(_call(operation_id, tag))
+                probed.add((file.st_dev, file.st_ino))
         device = os.fstat(directory).st_dev
     except OSError:
-        return found + _held_unnamed(data_dir)
+        return found + _held_unnamed(data_dir, probed)
     finally:
         os.close(directory)
-    named = {call["operation_id"] for call in found}
-    return found + [call for call in _held_off_its_name(data_dir, device)
-                    if call["operation_id"] is None or call["operation_id"] not in named]
+    return found + _held_off_its_name(data_dir, device, probed)
 
 
-def _held_unnamed(data_dir: str) -> list:
+def _held_unnamed(data_dir: str, probed: set) -> list:
     """:func:`_held_off_its_name` on the data directory's device."""
     try:
         device = os.stat(data_dir).st_dev
     except OSError:
         return []
-    return _held_off_its_name(data_dir, device)
+    return _held_off_its_name(data_dir, device, probed)
 
 
-def _held_off_its_name(data_dir: str, device: int) -> list:
-    """Calls whose lock file no longer stands at its name while its worker
-    still holds the lock -- deleted by hand, or moved (the file, or calls/
-    itself) anywhere inside the data directory: the worker may still record an
-    outcome, but no name shows it.  Found from the kernel's list of locks and
-    each holder's open files (same user: ``/proc/<pid>/fd``); the operation is
-    the file's tag (or, deleted, its name; None when neither says).  A lock
-    file moved out of the data directory is not found, unless its new path is
-    too long to be read, which counts as inside (docs/guard.md §Late
-    outcomes).  [] where that cannot be read."""
+def _held_off_its_name(data_dir: str, device: int, probed: set) -> list:
+    """Calls whose lock is held but was not found at its name (``probed``:
+    the ``(st_dev, st_ino)`` found there) -- deleted by hand, or moved or
+    renamed (the file, or calls/ itself) anywhere inside the data directory:
+    the worker may still record an outcome, but no name shows it.  Found from
+    the kernel's list of locks and each holder's open files (same user:
+    ``/proc/<pid>/fd``); the operation is the one its tag names (None when
+    unreadable: then only a holder with an SQLite connection to this journal
+    counts, not another program's flock).  A lock file moved out of the data
+    directory is not found, unless its new path is too long to be read back,
+    which counts as inside (docs/guard.md §Late outcomes).  [] where that
+    cannot be read."""
     inside = os.path.realpath(data_dir) + os.sep
-    at_name = inside + CALLS_DIRECTORY + os.sep  # probed by name already (:func:`_listed`)
     found = []
     for pid, inode in lock_holders.flock_holders(device) or ():
+        if (device, inode) in probed:
+            continue
         try:
             descriptors = os.listdir(f"/proc/{pid}/fd")
         except OSError:
@@ -380,43 +438,41 @@ def _held_off_its_name(data_dir: str, device: int) -> list:
                 target = os.readlink(path)
             except OSError:
                 target = inside  # a path too long to read back: could be anywhere inside
-            if not target.startswith(inside) or (
-                    target.startswith(at_name) and _listed(target[len(at_name):])):
+            if not target.startswith(inside):
                 continue
-            tag = _tag_held_at(path, device, inode)
+            tag = _tag_held_at(path, device, inode, data_dir)
             if tag is None:
                 continue
-            call = _call_of(os.path.basename(target.removesuffix(" (deleted)")), tag)
-            if not is_uuid(call["operation_id"]):
-                # No tag says whose: a call's only if its holder has an SQLite
-                # connection to this journal (another program's flock is not one).
-                connected = lock_holders.posix_lock_holders(
-                    os.path.join(data_dir, DATABASE_NAME + SHM_SUFFIX), 0, 2**62)
-                if pid not in (connected or ()):
-                    continue
-                call["operation_id"] = None
-            found.append({**call, "pid": call["pid"] or pid})
+            if tag.get("operation_id") is None and not _connected(pid, data_dir):
+                continue
+            found.append(_call(tag.get("operation_id"), tag, pid))
+            break  # one entry per lock, however many descriptors of it
     return found
 
 
-def _tag_held_at(path: str, device: int, inode: int) -> Optional[dict]:
-    """The tag ({} when unreadable) of the file another process has open at
-    ``path`` (a ``/proc/<pid>/fd`` link) when it is the flocked file
-    ``device``/``inode`` and may be a call lock (:func:`_open_lock_file`);
-    None when it is not."""
+def _connected(pid: int, data_dir: str) -> bool:
+    """Whether process ``pid`` has an SQLite connection to this journal (its
+    lock on ``-shm``, which every connection holds while it is open)."""
+    holders = lock_holders.posix_lock_holders(
+        os.path.join(data_dir, DATABASE_NAME + SHM_SUFFIX), 0, 2**62)
+    return pid in (holders or ())
+
+
+def _tag_held_at(path: str, device: int, inode: int, data_dir: str) -> Optional[dict]:
+    """The tag ({} when it cannot be read) of the file another process has
+    open at ``path`` (a ``/proc/<pid>/fd`` link) when it is the flocked file
+    ``device``/``inode``; None when it is not.  Opens it only when
+    :func:`_safe_to_open`."""
     try:
-        descriptor = _open_lock_file(path)
+        descriptor, file = _open_lock_file(path, data_dir, expected=(device, inode))
     except OSError:
+        return None
+    if (file.st_dev, file.st_ino) != (device, inode):
         return None
     if descriptor is None:
-        return None
+        return {}
     try:
-        opened = os.fstat(descriptor)
-        if (opened.st_dev, opened.st_ino) != (device, inode):
-            return None  # not the flocked file (or replaced since)
         return _read_tag(descriptor)
-    except OSError:
-        return None
     finally:
         os.close(descriptor)
 
@@ -435,62 +491,49 @@ def refuse_calls_out(data_dir: str) -> None:
     try:
         directory = _open_directory(data_dir, create=False)
     except FileNotFoundError:  # none, or calls/ itself deleted by hand
-        for call in _held_unnamed(data_dir):
+        for call in _held_unnamed(data_dir, set()):
             raise _call_out(call)
         return
     except OSError as exc:
-        raise _cannot_tell(exc) from None
+        raise _cannot_tell(exc.strerror or str(exc)) from None
     try:
+        device = os.fstat(directory).st_dev
         for name in sorted(os.listdir(directory)):
             temp = _TEMP_NAME.fullmatch(name)
             if temp is not None and not process_alive(int(temp.group(2))):
                 _remove(directory, name)
             elif _listed(name):
-                _refuse_if_held(directory, name)
-        device = os.fstat(directory).st_dev
+                state, tag, file = _probe_file(directory, name, data_dir)
+                if state == OWNER_RUNNING:
+                    raise _call_out(_call(tag.get("operation_id") or name, tag))
+                if state == OWNER_GONE and file is not None:
+                    _remove(directory, name)  # nobody holds it: a dead worker's leftover
+                elif (state == OWNER_UNKNOWN and (file is None or stat.S_ISREG(file.st_mode))
+                      and lock_holders.flock_holders(device) is None):
+                    raise _cannot_tell(f"{name} cannot be probed")  # else: the search below
     except OSError as exc:
-        raise _cannot_tell(exc) from None
+        raise _cannot_tell(exc.strerror or str(exc)) from None
     finally:
         os.close(directory)
-    # A lock file deleted or moved by hand while its worker still runs the call.
-    for call in _held_off_its_name(data_dir, device):
+    # A lock file deleted, moved or renamed by hand while its worker still runs the call.
+    for call in _held_off_its_name(data_dir, device, set()):
         raise _call_out(call)
 
 
-def _cannot_tell(exc: OSError) -> AdmissionRefused:
-    return AdmissionRefused("owner_running", f"{CALLS_DIRECTORY}/ cannot be examined "
-                            f"({exc.strerror or exc}): whether a protected call is out "
-                            "is unknown; nothing was changed")
+def _cannot_tell(why: str) -> AdmissionRefused:
+    return AdmissionRefused("owner_running", f"{CALLS_DIRECTORY}/ cannot be examined ({why}): "
+                            "whether a protected call is out is unknown; nothing was changed")
 
 
 def _call_out(call: dict) -> AdmissionRefused:
     """``owner_running`` for a call whose outcome can still arrive."""
-    operation = call["operation_id"] or "unknown: its lock file's tag cannot be read"
+    operation = call["operation_id"] or "unknown: its lock file says not whose"
     return AdmissionRefused(
         "owner_running", f"a protected call is still out in this profile (operation "
         f"{operation}, pid {call['pid']}): its outcome can still arrive, and it must "
         "find its operation in the live journal. Archive when it has finished (a worker hung in "
         "a call, even one an operator resolved, must be stopped first); nothing was changed",
         owner=call)
-
-
-def _refuse_if_held(directory: int, name: str) -> None:
-    try:
-        descriptor = _open_lock_file(name, directory)
-    except OSError:
-        return
-    if descriptor is None:
-        return  # not a lock of ours: left as it was found
-    try:
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise _call_out(_call_of(name, _read_tag(descriptor))) from None
-        except OSError:
-            return
-        _remove(directory, name)  # locked by us: no worker holds it any more
-    finally:
-        os.close(descriptor)
 
 
 def _remove(directory: int, name: str) -> None:

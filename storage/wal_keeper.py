@@ -77,7 +77,7 @@ class WalKeeper:
         if not SUPPORTED:
             return
         descriptor = forksafe.open_registered(
-            lambda: os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC))
+            lambda: os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK))
         deadline = time.monotonic() + timeout
         while True:
             try:

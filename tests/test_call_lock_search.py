@@ -25,7 +25,8 @@ import uuid
 from reliability_support import ReliabilityCase
 from support import TESTS, run_cli
 from test_archive import all_events
-from test_archive_concurrency import BOOKED, TIMEOUT_SECONDS, WAITING_WORKER, ArchiverCase, Paused
+from test_archive_concurrency import (BOOKED, BOOKING_LOOP, TIMEOUT_SECONDS, WAITING_WORKER,
+                                      ArchiverCase, Paused)
 
 from crash_recovery.storage import call_lock, wal_keeper
 from crash_recovery.storage.errors import AdmissionRefused
@@ -138,14 +139,17 @@ class LockSearch(ArchiverCase):
         worker, operation_id = self.running_call("slow")
         other_id = str(uuid.uuid4())
         calls = os.path.join(self.data_dir, "calls")
-        for name in (operation_id.upper(), "{" + operation_id + "}", other_id):
+        # A held lock is listed under its name and under its tag's operation:
+        # either may be the call (a file renamed, or a tag edited, by hand).
+        for name, held in ((operation_id.upper(), [operation_id]),
+                           ("{" + operation_id + "}", [operation_id]),
+                           (other_id, [other_id, operation_id])):
             with self.subTest(renamed_to=name):
                 os.rename(os.path.join(calls, os.listdir(calls)[0]), os.path.join(calls, name))
                 self.assertEqual(os.listdir(calls), [name])
                 self.assertEqual(self.searches(operation_id),
-                                 f'{{"held": ["{operation_id}"], "owner": "running", '
+                                 f'{{"held": {json.dumps(held)}, "owner": "running", '
                                  '"refusal": "owner_running"}')
-                self.assertEqual(call_lock.probe_owner(self.data_dir, other_id)["owner"], "gone")
                 code, result, text = run_cli(self.data_dir, "resolve", operation_id, "--outcome",
                                              "not_applied", "--evidence", "it looked gone")
                 self.assertEqual((code, result["error"]["code"]), (1, "owner_running"), text)
@@ -169,9 +173,9 @@ class LockSearch(ArchiverCase):
 
     def assert_running_and_refused(self, operation_id):
         """Every surface treats the call as running: resolve and archive refused."""
-        self.assertEqual(self.searches(operation_id),
-                         f'{{"held": ["{operation_id}"], "owner": "running", '
-                         '"refusal": "owner_running"}')
+        found = json.loads(self.searches(operation_id))
+        self.assertEqual((found["owner"], found["refusal"], operation_id in found["held"]),
+                         ("running", "owner_running", True))
         code, result, text = run_cli(self.data_dir, "resolve", operation_id, "--outcome",
                                      "not_applied", "--evidence", "it looked gone")
         self.assertEqual((code, result["error"]["code"]), (1, "owner_running"), text)
@@ -258,8 +262,89 @@ class LockSearch(ArchiverCase):
                 self.assertEqual(own_posix_locks([database, database + "-shm"]), locks)
                 connection.execute("ROLLBACK")
                 connection.close()
-                os.unlink(name)
+                if os.path.lexists(name):  # else removed as a leftover: nobody flocks it
+                    os.unlink(name)
         self.assertEqual(worker.release()[:2], (0, json.loads(BOOKED)))
+
+    def test_a_lock_file_grown_by_hand_still_reads_running(self):
+        worker, operation_id = self.running_call("slow")
+        at_name = os.path.join(self.data_dir, "calls", operation_id)
+        with open(at_name, "ab") as stream:
+            stream.write(b"x" * 5000)  # past the tag's 4 KiB: the tag still leads
+        self.assert_running_and_refused(operation_id)
+        moved = os.path.join(self.data_dir, "moved-by-hand")
+        os.rename(at_name, moved)
+        self.assert_running_and_refused(operation_id)
+        code, _, text = run_cli(self.data_dir, "resolve", operation_id, "--outcome",
+                                "not_applied", "--force", "--evidence", "it looked hung")
+        self.assertEqual(code, 0, text)
+        status = run_cli(self.data_dir, "status")[1]
+        self.assertEqual([call["operation_id"] for call in status["resolved_running"]],
+                         [operation_id])
+        code, result, text = run_cli(self.data_dir, "archive")
+        self.assertEqual((code, result["error"]["code"]), (1, "owner_running"), text)
+        self.assertEqual(worker.release()[:2], (0, json.loads(BOOKED)))
+        kinds = [kind for _, kind, op in all_events(self.data_dir) if op == operation_id]
+        self.assertEqual(kinds, ["started", "resolved", "late_outcome"])
+
+    def test_a_tag_edited_to_another_operation_still_reads_running(self):
+        worker, operation_id = self.running_call("slow")
+        at_name = os.path.join(self.data_dir, "calls", operation_id)
+        with open(at_name, "r+b") as stream:  # the worker's own descriptor keeps its lock
+            stream.write(json.dumps({"operation_id": str(uuid.uuid4()), "pid": 1,
+                                     "process_start": 0}).encode())
+            stream.truncate()
+        self.assert_running_and_refused(operation_id)
+        status = run_cli(self.data_dir, "status")[1]
+        self.assertEqual(status["in_flight"]["operation_id"], operation_id)
+        self.assertEqual(worker.release()[:2], (0, json.loads(BOOKED)))
+
+    def test_a_lock_file_emptied_and_renamed_to_another_id_is_still_a_call_out(self):
+        worker, operation_id = self.running_call("slow")
+        at_name = os.path.join(self.data_dir, "calls", operation_id)
+        os.truncate(at_name, 0)
+        other = str(uuid.uuid4())
+        for place in (os.path.join(self.data_dir, "calls", other),
+                      os.path.join(self.data_dir, other)):
+            with self.subTest(renamed_to=os.path.relpath(place, self.data_dir)):
+                os.rename(at_name, place)
+                at_name = place
+                owner = json.loads(self.searches(operation_id))
+                self.assertEqual((owner["owner"], owner["refusal"]), ("unknown", "owner_running"))
+                code, result, text = run_cli(self.data_dir, "resolve", operation_id, "--outcome",
+                                             "not_applied", "--evidence", "it looked gone")
+                self.assertEqual((code, result["error"]["code"]), (1, "owner_running"), text)
+        self.assertEqual(worker.release()[:2], (0, json.loads(BOOKED)))
+
+    def test_a_tag_with_nan_leaves_status_valid_json(self):
+        worker, operation_id = self.running_call("slow")
+        with open(os.path.join(self.data_dir, "calls", operation_id), "r+b") as stream:
+            stream.write(('{"operation_id": "%s", "pid": NaN, "process_start": Infinity}'
+                          % operation_id).encode())
+            stream.truncate()
+        code, _, text = run_cli(self.data_dir, "status")
+
+        def refuse(constant):
+            raise ValueError(f"{constant} is not JSON")
+
+        status = json.loads(text, parse_constant=refuse)
+        [view] = status["unresolved"]
+        self.assertEqual((code, view["owner"], view["owner_pid"]), (0, "running", None))
+        self.assertEqual(worker.release()[:2], (0, json.loads(BOOKED)))
+
+    def test_the_search_keeps_no_descriptor_while_calls_come_and_go(self):
+        before = len(os.listdir("/proc/self/fd"))
+        loop = subprocess.Popen([sys.executable, "-c", BOOKING_LOOP, self.data_dir, "loop", "300",
+                                 os.path.join(self.root, "effects")],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.addCleanup(loop.kill)
+        searches = 0
+        while loop.poll() is None or searches == 0:
+            call_lock.held_calls(self.data_dir)
+            searches += 1
+        output, errors = loop.communicate(timeout=TIMEOUT_SECONDS)
+        self.assertEqual(json.loads(output), {"refusals": {}, "poisoned": None}, errors)
+        self.assertEqual(len(os.listdir("/proc/self/fd")), before)
 
 
 class KeeperShared(ReliabilityCase):
