@@ -11,7 +11,16 @@ lock when the worker dies, however it dies.  This file is the only
 * ``running`` -- the file exists and its lock is held;
 * ``gone`` -- the file is absent or nobody holds its lock (a dead worker's
   leftover; the next archive removes it);
-* ``unknown`` -- the platform has no ``flock``, or the file cannot be read.
+* ``unknown`` -- the platform has no ``flock``, or what stands at its name
+  cannot be probed, or a held lock does not say whose it is (then ``resolve``
+  needs ``--force``).
+
+By hand, people delete, move, rename and edit these files; on Linux a held
+lock is found wherever it went inside the data directory (the kernel's list
+of locks, and its holder's open files).  Looking never costs this process its
+SQLite locks: closing a descriptor drops every POSIX lock the process holds
+on that file, so the journal's own files, and files it holds such locks on,
+are never opened here (:func:`_safe_to_open`).
 
 A call an operator resolved while it hung (``resolve --force``) keeps its own
 lock until its late outcome is recorded: nothing is moved aside, and no lock
@@ -237,7 +246,8 @@ def _journal_identities(data_dir: str) -> set:
 def _safe_to_open(file: os.stat_result, data_dir: str) -> bool:
     """Whether a descriptor of ``file`` may be opened and closed here: a
     regular file (a FIFO's open may block) that is neither the journal's
-    database or ``-shm`` nor carries a POSIX lock of this process.  Closing
+    database or ``-shm`` nor carries a POSIX lock of this process (where the
+    kernel lists them: Linux).  Closing
     any descriptor of a file drops every POSIX lock this process holds on it
     -- its SQLite connections' -- whatever name the file was reached by (a
     hard link, another process's descriptor)."""
@@ -246,7 +256,7 @@ def _safe_to_open(file: os.stat_result, data_dir: str) -> bool:
     if (file.st_dev, file.st_ino) in _journal_identities(data_dir):
         return False
     own = lock_holders.own_posix_locked_inodes(file.st_dev)
-    return own is not None and file.st_ino not in own
+    return own is None or file.st_ino not in own  # None: no lock list (macOS), names only
 
 
 def _open_lock_file(path: str, data_dir: str, directory: Optional[int] = None,

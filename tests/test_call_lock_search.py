@@ -48,9 +48,11 @@ SEARCHES = textwrap.dedent("""
     import json, sys
     sys.path.insert(0, {tests!r})
     import support
-    from crash_recovery.storage import call_lock
+    from crash_recovery.storage import call_lock, lock_holders
     from crash_recovery.storage.errors import AdmissionRefused
     data_dir, operation_id = sys.argv[1], sys.argv[2]
+    if sys.argv[3:] == ["no-lock-list"]:  # as on macOS: no /proc/locks
+        lock_holders.PROC_LOCKS = data_dir + "/no-such-file"
     found = {{"held": [call["operation_id"] for call in call_lock.held_calls(data_dir)],
              "owner": call_lock.probe_owner(data_dir, operation_id)["owner"], "refusal": None}}
     try:
@@ -84,8 +86,9 @@ class LockSearch(ArchiverCase):
         self.assertEqual(holder.first_line, "locked")
         return holder
 
-    def searches(self, operation_id):
-        completed = subprocess.run([sys.executable, "-c", SEARCHES, self.data_dir, operation_id],
+    def searches(self, operation_id, *options):
+        completed = subprocess.run([sys.executable, "-c", SEARCHES, self.data_dir, operation_id,
+                                    *options],
                                    capture_output=True, text=True, timeout=TIMEOUT_SECONDS)
         self.assertEqual(completed.returncode, 0, completed.stderr)
         return completed.stdout.strip()
@@ -121,6 +124,17 @@ class LockSearch(ArchiverCase):
         self.assertEqual(second.stdout.strip(), "database is locked", second.stderr)
         connection.execute("ROLLBACK")
         self.assertEqual(worker.release()[:2], (0, json.loads(BOOKED)))
+
+    def test_without_the_kernel_s_lock_list_a_call_at_its_name_is_found(self):
+        self.assertEqual(self.searches(str(uuid.uuid4()), "no-lock-list"),
+                         '{"held": [], "owner": "gone", "refusal": null}')
+        worker, operation_id = self.running_call("slow")
+        self.assertEqual(self.searches(operation_id, "no-lock-list"),
+                         f'{{"held": ["{operation_id}"], "owner": "running", '
+                         '"refusal": "owner_running"}')
+        self.assertEqual(worker.release()[:2], (0, json.loads(BOOKED)))
+        self.assertEqual(self.searches(operation_id, "no-lock-list"),
+                         '{"held": [], "owner": "gone", "refusal": null}')
 
     def test_a_flocked_fifo_in_the_data_directory_blocks_no_search(self):
         fifo = os.path.join(self.data_dir, "pipe")
