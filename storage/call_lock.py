@@ -39,6 +39,7 @@ them; a forked child closes its inherited copy without unlocking
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import stat
@@ -212,8 +213,8 @@ class CallLock:
 
 def _read_tag(descriptor: int) -> dict:
     """The tag of a call lock file: ``{"operation_id", "pid", "process_start"}``
-    as far as they are well formed (a file edited by hand may hold anything);
-    {} when empty, partial or not JSON."""
+    as far as they are well formed (a file edited by hand may hold anything;
+    the id canonical); {} when empty, partial or not JSON."""
     def refuse(constant: str) -> None:
         raise ValueError(constant)  # NaN and infinities: not JSON, never ours
 
@@ -225,51 +226,94 @@ def _read_tag(descriptor: int) -> dict:
         return {}
     if not isinstance(tag, dict):
         return {}
-    pid, start = tag.get("pid"), tag.get("process_start")
-    return {"operation_id": tag.get("operation_id") if is_uuid(tag.get("operation_id")) else None,
+    operation_id, pid, start = tag.get("operation_id"), tag.get("pid"), tag.get("process_start")
+    return {"operation_id": str(uuid.UUID(operation_id)) if is_uuid(operation_id) else None,
             "pid": pid if type(pid) is int and pid > 0 else None,
-            "process_start": start if type(start) in (int, float) else None}
+            "process_start": start if type(start) in (int, float) and math.isfinite(start)
+            else None}
 
 
-def _journal_identities(data_dir: str) -> set:
-    """``(st_dev, st_ino)`` of the journal's database and ``-shm``."""
-    found = set()
-    for name in (DATABASE_NAME, DATABASE_NAME + SHM_SUFFIX):
+class _LockView:
+    """What one search knows of the data directory's locks, read once: the
+    identities of the journal's database and ``-shm``; and, where the
+    kernel lists locks in the numbers ``stat`` gives (Linux; not macOS, not a
+    btrfs subvolume), the pid holding each flocked inode and the inodes this
+    process holds POSIX locks on.  Where it does not, only names are probed."""
+
+    def __init__(self, data_dir: str):
+        self.journal = set()
+        for name in (DATABASE_NAME, DATABASE_NAME + SHM_SUFFIX):
+            try:
+                file = os.stat(os.path.join(data_dir, name))
+            except OSError:
+                continue
+            self.journal.add((file.st_dev, file.st_ino))
+        self.device, self.flocks, self.own = None, None, None
+        locks = _calibrated_locks(data_dir)
+        if locks is not None:
+            self.device, own_pid = locks[0], os.getpid()
+            self.flocks = {inode: pid for kind, access, pid, inode in locks[1]
+                           if kind == b"FLOCK" and access == b"WRITE"}
+            self.own = {inode for kind, _, pid, inode in locks[1]
+                        if kind == b"POSIX" and pid == own_pid}
+
+    def safe_to_open(self, file: os.stat_result) -> bool:
+        """Whether a descriptor of ``file`` may be opened and closed here: a
+        regular file (a FIFO's open may block) that is neither the journal's
+        database or ``-shm`` nor carries a POSIX lock of this process.
+        Closing any descriptor of a file drops every POSIX lock this process
+        holds on it -- its SQLite connections' -- whatever name the file was
+        reached by (a hard link, another process's descriptor)."""
+        if not stat.S_ISREG(file.st_mode) or (file.st_dev, file.st_ino) in self.journal:
+            return False
+        return self.own is None or file.st_dev != self.device or file.st_ino not in self.own
+
+    def flock_holder(self, file: os.stat_result) -> Optional[int]:
+        """The pid holding a write ``flock`` on ``file``, 0 when none, None
+        when unknown."""
+        if self.flocks is None or file.st_dev != self.device:
+            return None
+        return self.flocks.get(file.st_ino, 0)
+
+
+def _calibrated_locks(data_dir: str) -> Optional[tuple]:
+    """``(st_dev, [(kind, access, pid, inode)])`` of the data directory's
+    device from the kernel's list, when that list names files as ``stat``
+    does -- checked on a shared ``flock`` of the data directory itself, taken
+    for the reading (or a writer's exclusive one); else None."""
+    try:
+        descriptor = forksafe.open_registered(lambda: os.open(data_dir, _DIRECTORY_FLAGS))
+    except OSError:
+        return None
+    try:
+        directory = os.fstat(descriptor)
         try:
-            file = os.stat(os.path.join(data_dir, name))
+            fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except OSError:
-            continue
-        found.add((file.st_dev, file.st_ino))
-    return found
+            pass  # a writer holds it exclusively: its entry shows as well
+        locks = lock_holders.device_locks(directory.st_dev)
+    except OSError:
+        return None
+    finally:
+        forksafe.forget(descriptor)
+        os.close(descriptor)  # closing drops the shared flock
+    if locks is None or not any(kind == b"FLOCK" and inode == directory.st_ino
+                                for kind, _, _, inode in locks):
+        return None
+    return directory.st_dev, locks
 
 
-def _safe_to_open(file: os.stat_result, data_dir: str) -> bool:
-    """Whether a descriptor of ``file`` may be opened and closed here: a
-    regular file (a FIFO's open may block) that is neither the journal's
-    database or ``-shm`` nor carries a POSIX lock of this process (where the
-    kernel lists them: Linux).  Closing
-    any descriptor of a file drops every POSIX lock this process holds on it
-    -- its SQLite connections' -- whatever name the file was reached by (a
-    hard link, another process's descriptor)."""
-    if not stat.S_ISREG(file.st_mode):
-        return False
-    if (file.st_dev, file.st_ino) in _journal_identities(data_dir):
-        return False
-    own = lock_holders.own_posix_locked_inodes(file.st_dev)
-    return own is None or file.st_ino not in own  # None: no lock list (macOS), names only
-
-
-def _open_lock_file(path: str, data_dir: str, directory: Optional[int] = None,
+def _open_lock_file(view: _LockView, path: str, directory: Optional[int] = None,
                     expected: Optional[tuple] = None) -> tuple:
     """``(descriptor or None, stat)`` of ``path`` (a name in ``directory``,
     never followed; or a ``/proc/<pid>/fd`` link): a read-only descriptor when
     it is the ``expected`` ``(st_dev, st_ino)`` (if given) and
-    :func:`_safe_to_open`, else None (looked at with ``stat`` only; also when
-    it cannot be opened).  A file replaced between the look and the open by
-    one that is not safe to close is kept open for good, for the same reason.
-    Raises ``FileNotFoundError`` when absent, else ``OSError``."""
+    :meth:`_LockView.safe_to_open`, else None (looked at with ``stat`` only;
+    also when it cannot be opened).  A file replaced between the look and the
+    open by one that is not safe to close is kept open for good, for the same
+    reason.  Raises ``FileNotFoundError`` when absent, else ``OSError``."""
     file = os.stat(path, dir_fd=directory, follow_symlinks=directory is None)
-    if expected not in (None, (file.st_dev, file.st_ino)) or not _safe_to_open(file, data_dir):
+    if expected not in (None, (file.st_dev, file.st_ino)) or not view.safe_to_open(file):
         return None, file
     flags = os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NONBLOCK", 0)
     try:
@@ -283,21 +327,12 @@ def _open_lock_file(path: str, data_dir: str, directory: Optional[int] = None,
         opened = None
     if opened is not None and (opened.st_dev, opened.st_ino) == (file.st_dev, file.st_ino):
         return descriptor, file
-    if opened is not None and _safe_to_open(opened, data_dir):
+    if opened is not None and view.safe_to_open(opened):
         os.close(descriptor)
     else:
         forksafe.close_in_child(descriptor)
         _KEPT_OPEN.append(descriptor)
     return None, file
-
-
-def _flock_holder(file: os.stat_result) -> Optional[int]:
-    """The pid holding a write ``flock`` on ``file`` (from the kernel's list,
-    without opening it), 0 when none, None when unknown."""
-    holders = lock_holders.flock_holders(file.st_dev)
-    if holders is None:
-        return None
-    return next((pid for pid, inode in holders if inode == file.st_ino), 0)
 
 
 def _listed(name: str) -> bool:
@@ -306,19 +341,19 @@ def _listed(name: str) -> bool:
     return is_uuid(name)
 
 
-def _probe_file(directory: int, name: str, data_dir: str) -> tuple:
+def _probe_file(view: _LockView, directory: int, name: str) -> tuple:
     """``(state, tag, stat or None)`` of ``calls/<name>``: ``running`` (tag: a
     dict, {} when unreadable), ``gone`` or ``unknown`` (not a regular file,
     or it cannot be told).  A file that cannot be opened here is asked about
     in the kernel's list of locks.  Never raises."""
     try:
-        descriptor, file = _open_lock_file(name, data_dir, directory)
+        descriptor, file = _open_lock_file(view, name, directory)
     except FileNotFoundError:
         return OWNER_GONE, None, None
     except OSError:
         return OWNER_UNKNOWN, None, None
     if descriptor is None:
-        holder = _flock_holder(file) if stat.S_ISREG(file.st_mode) else None
+        holder = view.flock_holder(file) if stat.S_ISREG(file.st_mode) else None
         if holder:
             return OWNER_RUNNING, {"pid": holder}, file
         return (OWNER_GONE if holder == 0 else OWNER_UNKNOWN), None, file
@@ -353,6 +388,7 @@ def probe_owner(data_dir: str, operation_id: str) -> dict:
     if fcntl is None or not is_uuid(operation_id):
         return result
     data_dir = os.fspath(data_dir)
+    view = _LockView(data_dir)
     try:
         directory = _open_directory(data_dir, create=False)
     except FileNotFoundError:
@@ -361,12 +397,12 @@ def probe_owner(data_dir: str, operation_id: str) -> dict:
         state, tag = OWNER_UNKNOWN, None  # calls/ replaced by something else
     else:
         try:
-            state, tag, _ = _probe_file(directory, operation_id, data_dir)
+            state, tag, _ = _probe_file(view, directory, operation_id)
         finally:
             os.close(directory)
     if state != OWNER_RUNNING:  # its file deleted, moved or renamed while its worker holds it?
-        held = held_calls(data_dir)
-        mine = [call for call in held if call["operation_id"] == operation_id]
+        held = _held(data_dir, view)
+        mine = [call for call in held if call["operation_id"] == str(uuid.UUID(operation_id))]
         if mine:
             state, tag = OWNER_RUNNING, mine[0]
         elif any(call["operation_id"] is None for call in held):
@@ -379,24 +415,28 @@ def probe_owner(data_dir: str, operation_id: str) -> dict:
 
 def held_calls(data_dir: str) -> list:
     """Every call whose lock is held now: ``[{"operation_id", "pid",
-    "process_start"}]``; a lock at its name under the operation its tag names
-    (else its name), plus (Linux) those whose lock file someone deleted, moved
-    or renamed while its worker holds it (:func:`_held_off_its_name`;
-    ``operation_id`` None when its tag cannot be read).  Creates and changes
-    nothing; never raises."""
+    "process_start"}]``; a lock at its name under its name and under the
+    operation its tag names, plus (Linux) those whose lock file someone
+    deleted, moved or renamed while its worker holds it
+    (:func:`_held_off_its_name`); ``operation_id`` None for a held lock whose
+    tag cannot be read.  Creates and changes nothing; never raises."""
     if fcntl is None:
         return []
     data_dir = os.fspath(data_dir)
+    return _held(data_dir, _LockView(data_dir))
+
+
+def _held(data_dir: str, view: _LockView) -> list:
     found, probed = [], set()
     try:
         directory = _open_directory(data_dir, create=False)
     except OSError:  # calls/ deleted or replaced by hand
-        return _held_unnamed(data_dir, probed)
+        return _held_off_its_name(data_dir, view, probed)
     try:
         for name in sorted(os.listdir(directory)):
             if not _listed(name):
                 continue
-            state, tag, file = _probe_file(directory, name, data_dir)
+            state, tag, file = _probe_file(view, directory, name)
             if state == OWNER_RUNNING:
                 # Under its name and its tag's operation, when they differ (a
                 # lock renamed, or its tag edited, by hand): either may be the call.
@@ -404,40 +444,36 @@ def held_calls(data_dir: str) -> list:
                 for operation_id in dict.fromkeys((str(uuid.UUID(name)), tag.get("operation_id"))):
                     found.append(_call(operation_id, tag))
                 probed.add((file.st_dev, file.st_ino))
-        device = os.fstat(directory).st_dev
     except OSError:
-        return found + _held_unnamed(data_dir, probed)
+        pass
     finally:
         os.close(directory)
-    return found + _held_off_its_name(data_dir, device, probed)
+    return found + _held_off_its_name(data_dir, view, probed)
 
 
-def _held_unnamed(data_dir: str, probed: set) -> list:
-    """:func:`_held_off_its_name` on the data directory's device."""
-    try:
-        device = os.stat(data_dir).st_dev
-    except OSError:
-        return []
-    return _held_off_its_name(data_dir, device, probed)
-
-
-def _held_off_its_name(data_dir: str, device: int, probed: set) -> list:
+def _held_off_its_name(data_dir: str, view: _LockView, probed: set) -> list:
     """Calls whose lock is held but was not found at its name (``probed``:
     the ``(st_dev, st_ino)`` found there) -- deleted by hand, or moved or
     renamed (the file, or calls/ itself) anywhere inside the data directory:
     the worker may still record an outcome, but no name shows it.  Found from
     the kernel's list of locks and each holder's open files (same user:
-    ``/proc/<pid>/fd``); the operation is the one its tag names (None when
-    unreadable: then only a holder with an SQLite connection to this journal
-    counts, not another program's flock).  A lock file moved out of the data
-    directory is not found, unless its new path is too long to be read back,
-    which counts as inside (docs/guard.md §Late outcomes).  [] where that
-    cannot be read."""
+    ``/proc/<pid>/fd``, each read once); the operation is the one its tag
+    names (else a temporary name's; None when neither: then only a holder
+    with an SQLite connection to this journal counts, not another program's
+    flock).  A lock file moved out of the data directory is not found, unless
+    its new path is too long to be read back, which counts as inside; nor
+    where the operator sees the data directory by another path or pid
+    namespace (docs/guard.md §Late outcomes).  [] where that cannot be
+    read."""
+    if view.flocks is None:
+        return []
+    by_holder: dict = {}
+    for inode, pid in view.flocks.items():
+        if (view.device, inode) not in probed:
+            by_holder.setdefault(pid, set()).add(inode)
     inside = os.path.realpath(data_dir) + os.sep
     found = []
-    for pid, inode in lock_holders.flock_holders(device) or ():
-        if (device, inode) in probed:
-            continue
+    for pid, inodes in sorted(by_holder.items()):
         try:
             descriptors = os.listdir(f"/proc/{pid}/fd")
         except OSError:
@@ -450,13 +486,21 @@ def _held_off_its_name(data_dir: str, device: int, probed: set) -> list:
                 target = inside  # a path too long to read back: could be anywhere inside
             if not target.startswith(inside):
                 continue
-            tag = _tag_held_at(path, device, inode, data_dir)
-            if tag is None:
+            try:
+                file = os.stat(path)
+            except OSError:
                 continue
-            if tag.get("operation_id") is None and not _connected(pid, data_dir):
+            if file.st_dev != view.device or file.st_ino not in inodes:
                 continue
-            found.append(_call(tag.get("operation_id"), tag, pid))
-            break  # one entry per lock, however many descriptors of it
+            inodes.discard(file.st_ino)  # one entry per lock, however many descriptors of it
+            tag = _tag_held_at(view, path, file)
+            operation_id = tag.get("operation_id")
+            temp = _TEMP_NAME.fullmatch(os.path.basename(target.removesuffix(" (deleted)")))
+            if operation_id is None and temp is not None:
+                operation_id = temp.group(1)  # a lock being made: its name says whose
+            if operation_id is None and not _connected(pid, data_dir):
+                continue
+            found.append(_call(operation_id, tag, pid))
     return found
 
 
@@ -468,17 +512,14 @@ def _connected(pid: int, data_dir: str) -> bool:
     return pid in (holders or ())
 
 
-def _tag_held_at(path: str, device: int, inode: int, data_dir: str) -> Optional[dict]:
-    """The tag ({} when it cannot be read) of the file another process has
-    open at ``path`` (a ``/proc/<pid>/fd`` link) when it is the flocked file
-    ``device``/``inode``; None when it is not.  Opens it only when
-    :func:`_safe_to_open`."""
+def _tag_held_at(view: _LockView, path: str, file: os.stat_result) -> dict:
+    """The tag ({} when it cannot be read) of ``file``, which another process
+    has open at ``path`` (a ``/proc/<pid>/fd`` link); opened only when
+    :meth:`_LockView.safe_to_open`."""
     try:
-        descriptor, file = _open_lock_file(path, data_dir, expected=(device, inode))
+        descriptor, _ = _open_lock_file(view, path, expected=(file.st_dev, file.st_ino))
     except OSError:
-        return None
-    if (file.st_dev, file.st_ino) != (device, inode):
-        return None
+        return {}
     if descriptor is None:
         return {}
     try:
@@ -498,35 +539,34 @@ def refuse_calls_out(data_dir: str) -> None:
     if fcntl is None:
         return
     data_dir = os.fspath(data_dir)
+    view = _LockView(data_dir)
     try:
         directory = _open_directory(data_dir, create=False)
     except FileNotFoundError:  # none, or calls/ itself deleted by hand
-        for call in _held_unnamed(data_dir, set()):
-            raise _call_out(call)
-        return
+        directory = None
     except OSError as exc:
         raise _cannot_tell(exc.strerror or str(exc)) from None
     try:
-        device = os.fstat(directory).st_dev
-        for name in sorted(os.listdir(directory)):
+        for name in sorted(os.listdir(directory)) if directory is not None else ():
             temp = _TEMP_NAME.fullmatch(name)
             if temp is not None and not process_alive(int(temp.group(2))):
                 _remove(directory, name)
             elif _listed(name):
-                state, tag, file = _probe_file(directory, name, data_dir)
+                state, tag, file = _probe_file(view, directory, name)
                 if state == OWNER_RUNNING:
                     raise _call_out(_call(tag.get("operation_id") or name, tag))
                 if state == OWNER_GONE and file is not None:
                     _remove(directory, name)  # nobody holds it: a dead worker's leftover
                 elif (state == OWNER_UNKNOWN and (file is None or stat.S_ISREG(file.st_mode))
-                      and lock_holders.flock_holders(device) is None):
+                      and view.flocks is None):
                     raise _cannot_tell(f"{name} cannot be probed")  # else: the search below
     except OSError as exc:
         raise _cannot_tell(exc.strerror or str(exc)) from None
     finally:
-        os.close(directory)
+        if directory is not None:
+            os.close(directory)
     # A lock file deleted, moved or renamed by hand while its worker still runs the call.
-    for call in _held_off_its_name(data_dir, device, set()):
+    for call in _held_off_its_name(data_dir, view, set()):
         raise _call_out(call)
 
 

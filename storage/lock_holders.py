@@ -49,10 +49,11 @@ def posix_lock_holders(path: str, first: int, last: int, *,
     return sorted(pids)
 
 
-def _device_locks(device: int) -> Optional[list]:
+def device_locks(device: int) -> Optional[list]:
     """``(kind, access, pid, inode)`` of every lock held now on a file of
-    ``device`` (``st_dev``), unlinked files included (waiters left out); None
-    when unknown.  Never raises."""
+    ``device`` (``st_dev``): kind ``b"POSIX"``, ``b"FLOCK"``, ``b"OFDLCK"``,
+    access ``b"READ"``/``b"WRITE"``; unlinked files included, waiters left
+    out; None when unknown.  Never raises."""
     try:
         with open(PROC_LOCKS, "rb") as stream:
             listing = stream.read()
@@ -69,24 +70,6 @@ def _device_locks(device: int) -> Optional[list]:
         except ValueError:
             continue
     return found
-
-
-def own_posix_locked_inodes(device: int) -> Optional[set]:
-    """Inodes of ``device`` on which this process holds a POSIX lock now --
-    those its SQLite connections use, which closing any descriptor of such a
-    file would drop; None when unknown."""
-    locks, own = _device_locks(device), os.getpid()
-    return None if locks is None else {
-        inode for kind, _, pid, inode in locks if kind == b"POSIX" and pid == own}
-
-
-def flock_holders(device: int) -> Optional[list]:
-    """``(pid, inode)`` of every write ``flock`` on a file of ``device``; None
-    when unknown."""
-    locks = _device_locks(device)
-    return None if locks is None else [
-        (pid, inode) for kind, access, pid, inode in locks
-        if kind == b"FLOCK" and access == b"WRITE"]
 
 
 def wal_writer_pids(database_path: str) -> Optional[list]:

@@ -53,6 +53,8 @@ SEARCHES = textwrap.dedent("""
     data_dir, operation_id = sys.argv[1], sys.argv[2]
     if sys.argv[3:] == ["no-lock-list"]:  # as on macOS: no /proc/locks
         lock_holders.PROC_LOCKS = data_dir + "/no-such-file"
+    if sys.argv[3:] == ["foreign-lock-list"]:  # as on btrfs: other device numbers
+        lock_holders.PROC_LOCKS = "/dev/null"
     found = {{"held": [call["operation_id"] for call in call_lock.held_calls(data_dir)],
              "owner": call_lock.probe_owner(data_dir, operation_id)["owner"], "refusal": None}}
     try:
@@ -125,16 +127,20 @@ class LockSearch(ArchiverCase):
         connection.execute("ROLLBACK")
         self.assertEqual(worker.release()[:2], (0, json.loads(BOOKED)))
 
-    def test_without_the_kernel_s_lock_list_a_call_at_its_name_is_found(self):
-        self.assertEqual(self.searches(str(uuid.uuid4()), "no-lock-list"),
-                         '{"held": [], "owner": "gone", "refusal": null}')
-        worker, operation_id = self.running_call("slow")
-        self.assertEqual(self.searches(operation_id, "no-lock-list"),
-                         f'{{"held": ["{operation_id}"], "owner": "running", '
-                         '"refusal": "owner_running"}')
-        self.assertEqual(worker.release()[:2], (0, json.loads(BOOKED)))
-        self.assertEqual(self.searches(operation_id, "no-lock-list"),
-                         '{"held": [], "owner": "gone", "refusal": null}')
+    def test_without_a_lock_list_in_stat_s_numbers_a_call_at_its_name_is_found(self):
+        # No /proc/locks (macOS), or one naming files by other device numbers
+        # than stat (btrfs subvolumes): names are probed, nothing else.
+        for lock_list in ("no-lock-list", "foreign-lock-list"):
+            with self.subTest(lock_list=lock_list):
+                self.assertEqual(self.searches(str(uuid.uuid4()), lock_list),
+                                 '{"held": [], "owner": "gone", "refusal": null}')
+                worker, operation_id = self.running_call("slow-" + lock_list)
+                self.assertEqual(self.searches(operation_id, lock_list),
+                                 f'{{"held": ["{operation_id}"], "owner": "running", '
+                                 '"refusal": "owner_running"}')
+                self.assertEqual(worker.release()[:2], (0, json.loads(BOOKED)))
+                self.assertEqual(self.searches(operation_id, lock_list),
+                                 '{"held": [], "owner": "gone", "refusal": null}')
 
     def test_a_flocked_fifo_in_the_data_directory_blocks_no_search(self):
         fifo = os.path.join(self.data_dir, "pipe")
@@ -330,20 +336,30 @@ class LockSearch(ArchiverCase):
                 self.assertEqual((code, result["error"]["code"]), (1, "owner_running"), text)
         self.assertEqual(worker.release()[:2], (0, json.loads(BOOKED)))
 
-    def test_a_tag_with_nan_leaves_status_valid_json(self):
+    def test_a_tag_with_nan_or_a_huge_number_leaves_status_valid_json(self):
         worker, operation_id = self.running_call("slow")
-        with open(os.path.join(self.data_dir, "calls", operation_id), "r+b") as stream:
-            stream.write(('{"operation_id": "%s", "pid": NaN, "process_start": Infinity}'
-                          % operation_id).encode())
+        for values in ('"pid": NaN, "process_start": Infinity', '"pid": 7, "process_start": 1e400'):
+            with self.subTest(values=values):
+                with open(os.path.join(self.data_dir, "calls", operation_id), "r+b") as stream:
+                    stream.write(('{"operation_id": "%s", %s}' % (operation_id, values)).encode())
+                    stream.truncate()
+                code, _, text = run_cli(self.data_dir, "status")
+                self.assertEqual((text.count("NaN"), text.count("Infinity")), (0, 0), text)
+                status = json.loads(text)
+                [view] = status["unresolved"]
+                self.assertEqual((code, view["owner"], status["in_flight"]["process_start"]),
+                                 (0, "running", None))
+        self.assertEqual(worker.release()[:2], (0, json.loads(BOOKED)))
+
+    def test_a_tag_in_another_spelling_names_its_call_wherever_the_file_goes(self):
+        worker, operation_id = self.running_call("slow")
+        at_name = os.path.join(self.data_dir, "calls", operation_id)
+        with open(at_name, "r+b") as stream:
+            stream.write(json.dumps({"operation_id": operation_id.upper(), "pid": 1,
+                                     "process_start": 0}).encode())
             stream.truncate()
-        code, _, text = run_cli(self.data_dir, "status")
-
-        def refuse(constant):
-            raise ValueError(f"{constant} is not JSON")
-
-        status = json.loads(text, parse_constant=refuse)
-        [view] = status["unresolved"]
-        self.assertEqual((code, view["owner"], view["owner_pid"]), (0, "running", None))
+        os.rename(at_name, os.path.join(self.data_dir, "moved-by-hand"))
+        self.assert_running_and_refused(operation_id)
         self.assertEqual(worker.release()[:2], (0, json.loads(BOOKED)))
 
     def test_the_search_keeps_no_descriptor_while_calls_come_and_go(self):
