@@ -237,18 +237,20 @@ class _LockView:
     """What one search knows of the data directory's locks, read once: the
     identities of the journal's database and ``-shm``; and, where the
     kernel lists locks in the numbers ``stat`` gives (Linux; not macOS, not a
-    btrfs subvolume), the pid holding each flocked inode and the inodes this
-    process holds POSIX locks on.  Where it does not, only names are probed."""
+    btrfs subvolume), the pid holding each flocked inode, the inodes this
+    process holds POSIX locks on and the pids connected to the journal.  Where
+    it does not, only names are probed."""
 
     def __init__(self, data_dir: str):
-        self.journal = set()
+        self.journal, shm = set(), None
         for name in (DATABASE_NAME, DATABASE_NAME + SHM_SUFFIX):
             try:
                 file = os.stat(os.path.join(data_dir, name))
             except OSError:
                 continue
             self.journal.add((file.st_dev, file.st_ino))
-        self.device, self.flocks, self.own = None, None, None
+            shm = file if name.endswith(SHM_SUFFIX) else shm
+        self.device, self.flocks, self.own, self.connected = None, None, None, set()
         locks = _calibrated_locks(data_dir)
         if locks is not None:
             self.device, own_pid = locks[0], os.getpid()
@@ -256,6 +258,10 @@ class _LockView:
                            if kind == b"FLOCK" and access == b"WRITE"}
             self.own = {inode for kind, _, pid, inode in locks[1]
                         if kind == b"POSIX" and pid == own_pid}
+            # Every SQLite connection to the journal holds a POSIX lock on -shm.
+            shm_inode = shm.st_ino if shm is not None and shm.st_dev == self.device else None
+            self.connected = {pid for kind, _, pid, inode in locks[1]
+                              if kind == b"POSIX" and inode == shm_inode}
 
     def safe_to_open(self, file: os.stat_result) -> bool:
         """Whether a descriptor of ``file`` may be opened and closed here: a
@@ -498,18 +504,10 @@ def _held_off_its_name(data_dir: str, view: _LockView, probed: set) -> list:
             temp = _TEMP_NAME.fullmatch(os.path.basename(target.removesuffix(" (deleted)")))
             if operation_id is None and temp is not None:
                 operation_id = temp.group(1)  # a lock being made: its name says whose
-            if operation_id is None and not _connected(pid, data_dir):
+            if operation_id is None and pid not in view.connected:
                 continue
             found.append(_call(operation_id, tag, pid))
     return found
-
-
-def _connected(pid: int, data_dir: str) -> bool:
-    """Whether process ``pid`` has an SQLite connection to this journal (its
-    lock on ``-shm``, which every connection holds while it is open)."""
-    holders = lock_holders.posix_lock_holders(
-        os.path.join(data_dir, DATABASE_NAME + SHM_SUFFIX), 0, 2**62)
-    return pid in (holders or ())
 
 
 def _tag_held_at(view: _LockView, path: str, file: os.stat_result) -> dict:

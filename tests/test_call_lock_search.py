@@ -65,6 +65,12 @@ SEARCHES = textwrap.dedent("""
 """).format(tests=TESTS)
 
 
+def running_alone(operation_id):
+    """What SEARCHES prints while ``operation_id`` is the one call out."""
+    return (f'{{"held": ["{operation_id}"], "owner": "running", '
+            '"refusal": "owner_running"}')
+
+
 def own_posix_locks(paths):
     """This process's POSIX locks on ``paths``: sorted (inode, access, start, end)."""
     inodes = {os.stat(path).st_ino for path in paths}
@@ -136,8 +142,7 @@ class LockSearch(ArchiverCase):
                                  '{"held": [], "owner": "gone", "refusal": null}')
                 worker, operation_id = self.running_call("slow-" + lock_list)
                 self.assertEqual(self.searches(operation_id, lock_list),
-                                 f'{{"held": ["{operation_id}"], "owner": "running", '
-                                 '"refusal": "owner_running"}')
+                                 running_alone(operation_id))
                 self.assertEqual(worker.release()[:2], (0, json.loads(BOOKED)))
                 self.assertEqual(self.searches(operation_id, lock_list),
                                  '{"held": [], "owner": "gone", "refusal": null}')
@@ -150,9 +155,7 @@ class LockSearch(ArchiverCase):
         self.assertEqual(self.searches(unknown),
                          '{"held": [], "owner": "gone", "refusal": null}')
         worker, operation_id = self.running_call("slow")
-        self.assertEqual(self.searches(operation_id),
-                         f'{{"held": ["{operation_id}"], "owner": "running", '
-                         '"refusal": "owner_running"}')
+        self.assertEqual(self.searches(operation_id), running_alone(operation_id))
         self.assertEqual(worker.release()[:2], (0, json.loads(BOOKED)))
 
     def test_a_lock_file_renamed_to_another_spelling_or_id_still_names_its_call(self):
@@ -182,9 +185,7 @@ class LockSearch(ArchiverCase):
         at_name = os.path.join(self.data_dir, "calls", operation_id)
         os.rename(at_name, os.path.join(self.data_dir, "moved-lock"))
         os.mkfifo(at_name, 0o600)  # what stands at its name now cannot be probed
-        self.assertEqual(self.searches(operation_id),
-                         f'{{"held": ["{operation_id}"], "owner": "running", '
-                         '"refusal": "owner_running"}')
+        self.assertEqual(self.searches(operation_id), running_alone(operation_id))
         self.assertTrue(stat.S_ISFIFO(os.lstat(at_name).st_mode))  # left as it was found
         code, result, text = run_cli(self.data_dir, "resolve", operation_id, "--outcome",
                                      "not_applied", "--evidence", "it looked gone")
@@ -222,9 +223,7 @@ class LockSearch(ArchiverCase):
         calls = os.path.join(self.data_dir, "calls")
         os.rename(calls, calls + ".old")
         os.symlink(calls + ".old", calls)
-        self.assertEqual(self.searches(operation_id),
-                         f'{{"held": ["{operation_id}"], "owner": "running", '
-                         '"refusal": "owner_running"}')
+        self.assertEqual(self.searches(operation_id), running_alone(operation_id))
         code, result, text = run_cli(self.data_dir, "resolve", operation_id, "--outcome",
                                      "not_applied", "--evidence", "it looked gone")
         self.assertEqual((code, result["error"]["code"]), (1, "owner_running"), text)
@@ -242,9 +241,7 @@ class LockSearch(ArchiverCase):
             parent = child
         self.addCleanup(os.close, parent)
         os.rename(os.path.join(self.data_dir, "calls", operation_id), "lock", dst_dir_fd=parent)
-        self.assertEqual(self.searches(operation_id),
-                         f'{{"held": ["{operation_id}"], "owner": "running", '
-                         '"refusal": "owner_running"}')
+        self.assertEqual(self.searches(operation_id), running_alone(operation_id))
         self.assertEqual(worker.release()[:2], (0, json.loads(BOOKED)))
 
     def test_a_lock_file_emptied_and_moved_is_still_a_call_out(self):
