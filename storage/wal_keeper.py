@@ -34,6 +34,7 @@ import time
 from typing import Optional
 
 from . import forksafe
+from .durable import open_regular_file
 
 try:
     import fcntl
@@ -77,7 +78,7 @@ class WalKeeper:
         if not SUPPORTED:
             return
         descriptor = forksafe.open_registered(
-            lambda: os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK))
+            lambda: open_regular_file(self.path, os.O_RDONLY | os.O_CLOEXEC))
         deadline = time.monotonic() + timeout
         while True:
             try:
