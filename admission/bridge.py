@@ -18,14 +18,16 @@ PASS = "pass"      # run it untouched: nothing protected can run under this name
 REFUSE = "refuse"  # refuse it ourselves: a protected tool named, the host will not run it
 
 
-def bridge_entries(args: Any) -> Optional[list]:
-    """The tool names a ``tool_call``'s ``args`` invoke, in order, read as the
-    hosts do (``calls``: list, JSON text or object; else ``name``); None if unreadable."""
+def bridge_calls(args: Any) -> Optional[list]:
+    """``(tool name, arguments)`` of each call a ``tool_call``'s ``args``
+    invoke, in order, read as the hosts do (``calls``: list, JSON text or
+    object; else ``name`` and ``arguments``); None if a name is unreadable.
+    ``arguments`` is the entry's value as given (None when absent)."""
     if not isinstance(args, dict):
         return None
     calls = args.get("calls")
     if calls is None:
-        calls = [{"name": args.get("name")}]
+        calls = [{"name": args.get("name"), "arguments": args.get("arguments")}]
     if isinstance(calls, str):
         try:
             calls = json.loads(calls)
@@ -35,13 +37,20 @@ def bridge_entries(args: Any) -> Optional[list]:
         calls = [calls]
     if not isinstance(calls, list) or not calls:
         return None
-    names = []
+    found = []
     for call in calls:
         name = call.get("name") if isinstance(call, dict) else None
         if not isinstance(name, str) or not name.strip():
             return None
-        names.append(name.strip())
-    return names
+        found.append((name.strip(), call.get("arguments")))
+    return found
+
+
+def bridge_entries(args: Any) -> Optional[list]:
+    """The tool names a ``tool_call``'s ``args`` invoke, in order
+    (:func:`bridge_calls`); None if unreadable."""
+    calls = bridge_calls(args)
+    return None if calls is None else [name for name, _ in calls]
 
 
 def bridge_verdict(tool_name: Any, args: Any,

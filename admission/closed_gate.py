@@ -10,11 +10,13 @@ texts; the gate (:class:`gate.Gate`) reads the journal.
 """
 from __future__ import annotations
 
+import json
 import os
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional
 
 from ..reports.messages import closed_gate_explanation
 from ..storage.record import CHECKPOINT_NAME, DATABASE_NAME, MARKER_NAME
+from .bridge import BRIDGE_CALL, bridge_calls
 
 # Journal files whose presence means a journal exists (or existed) here.
 _JOURNAL_FILES = (DATABASE_NAME, DATABASE_NAME + "-wal", DATABASE_NAME + "-shm",
@@ -22,6 +24,10 @@ _JOURNAL_FILES = (DATABASE_NAME, DATABASE_NAME + "-wal", DATABASE_NAME + "-shm",
 # Verdicts after which unprotected tools still run: nothing can be journaled on
 # such a platform, so no operation can be waiting there (docs/guard.md §Platforms).
 OPEN_VERDICTS = frozenset({"platform_unsupported"})
+# Hermes' file tools run through the terminal's shell with their text arguments on
+# a command line (rg, grep, find, sed, head): a value beginning with "-" is read
+# there as an option, and some options run programs (rg --pre=sh runs one per file).
+SHELL_BACKED_TOOLS = frozenset({"read_file", "search_files"})
 
 
 def journal_present(data_dir: Optional[str]) -> bool:
@@ -35,6 +41,33 @@ def journal_present(data_dir: Optional[str]) -> bool:
 def keeps_gate_open(code: str) -> bool:
     """Whether a journal error ``code`` leaves unprotected tools running."""
     return code in OPEN_VERDICTS
+
+
+def option_like_argument(tool_name: Any, args: Any) -> Optional[str]:
+    """For a call of a shell-backed file tool (:data:`SHELL_BACKED_TOOLS`),
+    directly or as an entry of a ``tool_call``: the name of its first text
+    argument that begins with "-" (after blanks), or ``"arguments"`` when
+    they are neither an object nor JSON text of one; else None (docs/guard.md
+    §While the gate is closed)."""
+    if tool_name == BRIDGE_CALL:
+        for name, arguments in bridge_calls(args) or ():
+            found = option_like_argument(name, {} if arguments is None else arguments)
+            if found is not None:
+                return found
+        return None
+    if tool_name not in SHELL_BACKED_TOOLS or args is None:
+        return None
+    if isinstance(args, str):  # a host may pass a bridge entry's arguments as JSON text
+        try:
+            args = json.loads(args)
+        except (ValueError, RecursionError):
+            return "arguments"
+    if not isinstance(args, dict):
+        return "arguments"
+    for name, value in args.items():
+        if isinstance(value, str) and value.lstrip().startswith("-"):
+            return str(name)
+    return None
 
 
 def while_closed_text(tool_name: str, why: str, runs: Iterable[str]) -> str:

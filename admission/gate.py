@@ -21,7 +21,8 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 from ..reports.messages import (blocked_result, bounded, command_line, in_flight_explanation,
                                 integrity_explanation, next_command, next_step_of,
-                                standalone_prefix, unresolved_explanation)
+                                option_argument_explanation, standalone_prefix,
+                                unresolved_explanation)
 from ..reports.status import operation_waits_for_a_person, settled_views
 from ..storage.call_lock import OWNER_RUNNING
 from ..storage.errors import JournalError, JournalUnavailable
@@ -29,7 +30,8 @@ from ..storage.log_lines import plugin_logger
 from ..storage.platform_support import platform_problem
 from .binding import inherited_admission, live_admission, same_call
 from .bridge import runs_while_closed
-from .closed_gate import journal_present, keeps_gate_open, while_closed_text
+from .closed_gate import (journal_present, keeps_gate_open, option_like_argument,
+                          while_closed_text)
 from .registered_tools import record_first_call
 from .settings import (KNOWN_KEYS, MODE_PROTECTED_TOOLS, Settings, parse_settings,
                        tool_names_view)
@@ -354,13 +356,17 @@ class Gate:
 
     def refusal_while_closed(self, tool_name: Any, args: Any) -> Optional[str]:
         """For an unprotected call: None when it may run, or the blocked JSON
-        when the gate is closed and the tool is not one that runs then
+        when the gate is closed and the tool is not one that runs then, or is
+        a file tool with an argument its command reads as an option
         (admission/closed_gate.py).  One verified read of the journal (none
         before a journal exists); never raises."""
+        option = None
         try:
             settings = self.settings()
             if runs_while_closed(tool_name, args, settings.runs_while_closed):
-                return None
+                option = option_like_argument(tool_name, args)
+                if option is None:
+                    return None
             cause = self._closed_cause()
         except Exception as exc:  # fail closed on our own bugs too
             logger.exception("crash-recovery: the closed-gate check failed")
@@ -369,9 +375,11 @@ class Gate:
                             f"({type(exc).__name__}). Tell the user an operator must check it.")
         if cause is None:
             return None
-        return self.blocked(Refusal(cause.code, while_closed_text(
-            str(bounded(str(tool_name))), cause.explanation, settings.while_closed()),
-            cause.operations))
+        tool = str(bounded(str(tool_name)))
+        explanation = (while_closed_text(tool, cause.explanation, settings.while_closed())
+                       if option is None else
+                       option_argument_explanation(tool, str(bounded(option)), cause.explanation))
+        return self.blocked(Refusal(cause.code, explanation, cause.operations))
 
     def _closed_cause(self) -> Optional[Refusal]:
         """What closes the gate now (the refusal a protected call would get),

@@ -113,6 +113,52 @@ class ClosedGate(GuardTestCase):
                 self.assertRefusedWhileClosed("tool_call", "unresolved_operations",
                                               [operation_id], args=args)
 
+    def test_a_file_tool_argument_its_command_reads_as_an_option_is_refused_while_closed(self):
+        # Hermes puts these arguments on an rg/grep/find/sed command line: rg --pre=sh runs
+        # every file under the path as a script, so the model could settle its own call.
+        while_open = Downstream()
+        self.assertEqual(self.call(tool="search_files", args={"pattern": "--pre=sh"},
+                                   downstream=while_open, call_id="c-open"), while_open.result)
+        self.assertEqual(while_open.calls, 1)  # the gate only narrows what runs while closed
+        operation_id = self.close_gate()
+        before = self.snapshot()
+        for tool, args, argument in (
+                ("search_files", {"pattern": "--pre=sh", "path": "."}, "pattern"),
+                ("search_files", {"pattern": "x", "path": "-delete", "target": "files"}, "path"),
+                ("search_files", {"pattern": "x", "file_glob": " \t-x"}, "file_glob"),
+                ("read_file", {"path": "-f/tmp/script.sed", "offset": 1}, "path"),
+                ("tool_call", {"name": "search_files", "arguments": {"pattern": "--pre=rm"}},
+                 "pattern"),
+                ("tool_call", {"calls": [{"name": "read_file", "arguments": {"path": "a"}},
+                                         {"name": "read_file", "arguments": '{"path": "-i"}'}]},
+                 "path"),
+                ("tool_call", {"name": "read_file", "arguments": "not JSON"}, "arguments"),
+                ("read_file", ["-i"], "arguments")):
+            with self.subTest(tool=tool, args=args):
+                refused = self.assertRefusedWhileClosed(tool, "unresolved_operations",
+                                                        [operation_id], args=args)
+                explanation = refused["explanation"]
+                self.assertTrue(explanation.startswith(
+                    f"{tool} was refused and not run: while the gate is closed, its argument "
+                    f"'{argument}' may not begin with \"-\", because the host's search and read "
+                    f"commands would take it as an option, and some options run programs. "
+                    f"To search for text that begins with \"-\", write it as \"[-]...\"; name a "
+                    f"path that begins with \"-\" as \"./-...\". "), explanation)
+                self.assertIn(f"settle operation {operation_id}", explanation)
+        for tool, args in (("search_files", {"pattern": "[-]-pre=sh", "path": "./-delete",
+                                             "limit": -1, "context": None}),
+                           ("search_files", {"pattern": "a--b", "file_glob": "*-x.py"}),
+                           ("read_file", {"path": "notes/-draft.md"}),
+                           ("tool_call", {"name": "read_file", "arguments": {"path": "a-b"}})):
+            with self.subTest(tool=tool, args=args):
+                downstream = Downstream()
+                self.assertEqual(self.call(tool=tool, args=args, downstream=downstream),
+                                 downstream.result)
+                self.assertEqual(downstream.calls, 1)
+                self.assertIsNone(self.hook(tool=tool, args=args))
+        self.assertEqual(self.snapshot(), before)
+        self.assertEqual(self.events()[-2:], [("started", None), ("uncertain", "exception")])
+
     def test_a_failing_unprotected_call_never_closes_the_gate(self):
         failing = Downstream(result='{"exit_code": 2, "error": "ls: no such file"}')
         self.assertEqual(self.call(tool="terminal", args={"command": "ls x"}, downstream=failing),

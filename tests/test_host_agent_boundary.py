@@ -34,6 +34,7 @@ class AgentNeverSettles(CheckerReport):
         self.assert_checks("closed_gate.every_attempt_refused_while_closed",
                            "closed_gate.no_attempt_ran",
                            "closed_gate.refusal_says_why_this_tool_and_names_no_writing_command",
+                           "closed_gate.file_tool_option_refused_naming_the_argument",
                            "closed_gate.read_only_and_inspection_tools_answer")
 
     def test_the_payment_ran_once_and_nothing_changed(self) -> None:
