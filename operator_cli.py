@@ -108,6 +108,10 @@ def evidence_options(parser: argparse.ArgumentParser, meaning: str) -> None:
                        help="the same, read from a UTF-8 file (- reads standard input)")
 
 
+# The attribute that holds the operator command in a parsed Namespace.
+COMMAND_DEST = "crash_recovery_command"
+
+
 def add_arguments(parser: argparse.ArgumentParser, parser_class: type) -> None:
     """Add the options and commands to ``parser``; ``parser_class`` handles usage errors."""
     parser.add_argument("--data-dir", default=None, help="the profile's plugin data directory "
@@ -115,7 +119,10 @@ def add_arguments(parser: argparse.ArgumentParser, parser_class: type) -> None:
     parser.add_argument("--format", choices=FORMATS, default="json",
                         help="json (default); text: tables for status/show/log, a summary "
                              "for the others; prometheus: gauges for status")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=parser_class)
+    # Not dest="command": Hermes reads its own args.command after our handler's parser
+    # ran, and a None there (no subcommand typed) starts its chat.
+    commands = parser.add_subparsers(dest=COMMAND_DEST, metavar="COMMAND",
+                                     parser_class=parser_class)
     # Options after the command too; SUPPRESS keeps one given before it.
     options = parser_class(add_help=False)
     options.add_argument("--format", choices=FORMATS, default=argparse.SUPPRESS,
@@ -196,7 +203,7 @@ def execute(args: argparse.Namespace, data_dir_default: Callable[[], str],
     """Run the parsed command, print its one document, return the exit code.
     ``prefix(data_dir)``: how commands run here; ``settings()``,
     ``registered_tools()``: Hermes' raw settings and tool names (docs/cli.md §status)."""
-    output_format, command = getattr(args, "format", "json"), getattr(args, "command", None)
+    output_format, command = getattr(args, "format", "json"), getattr(args, COMMAND_DEST, None)
     if not stdout_takes_unicode():  # text output: escapes, never a UnicodeEncodeError
         with contextlib.suppress(AttributeError, ValueError):
             sys.stdout.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]

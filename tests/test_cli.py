@@ -280,6 +280,26 @@ class UsageErrorTests(CliTestCase):
         self.assertIn("maybe-", result["error"]["message"])
 
 
+    def test_hermes_crash_recovery_without_a_command_is_a_usage_error_not_a_chat(self):
+        # Hermes dispatches on its own args.command after our parser ran: the
+        # subcommand must not be stored there (None would start Hermes' chat).
+        import argparse
+        parser = argparse.ArgumentParser(prog="hermes")
+        commands = parser.add_subparsers(dest="command")
+        operator_cli.setup_hermes_command(commands.add_parser("crash-recovery"))
+        for words in (["crash-recovery"], ["crash-recovery", "--format", "text"],
+                      ["crash-recovery", "status"]):
+            with self.subTest(words=words):
+                self.assertEqual(parser.parse_args(words).command, "crash-recovery")
+        args = parser.parse_args(["crash-recovery", "--data-dir", self.data_dir])
+        stdout = io.StringIO()
+        with contextlib.redirect_stdout(stdout):
+            exit_code = operator_cli.execute(args, lambda: self.data_dir)
+        self.assertEqual(exit_code, 1)
+        self.assertEqual(json.loads(stdout.getvalue())["error"],
+                         {"code": "usage", "message": "a command is required (see --help)"})
+
+
 class HermesPrefixTests(JournalTestCase):
 
     def test_every_named_profile_is_explicit(self):

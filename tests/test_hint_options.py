@@ -94,7 +94,7 @@ class HintOptions(unittest.TestCase):
                 filled = [fill.get(word, "x" if word.startswith("<") else word)
                           for word in words]
                 parsed = operator_cli.build_parser().parse_args(filled)
-                self.assertEqual(parsed.command, words[0])
+                self.assertEqual(parsed.crash_recovery_command, words[0])
 
     def test_the_page_hints_speak_the_page_words(self):
         for code, hint in PAGE_HINTS.items():
