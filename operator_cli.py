@@ -219,7 +219,7 @@ def execute(args: argparse.Namespace, data_dir_default: Callable[[], str],
             f"operator CLI ({str(exc)[:300]}); run status to see the journal's state"}}, EXIT_ERROR
     if command == "log" and exit_code == EXIT_OK:
         exit_code = _print_log(result, jsonl=args.jsonl, text=output_format == "text")
-    elif output_format == "prometheus":
+    elif output_format == "prometheus" and command == "status":  # else its usage error
         # A failure keeps the healthy series' data_dir label, so an alert fires.
         print(prometheus_text(result) if exit_code != EXIT_ERROR
               else prometheus_text({"data_dir": data_dir or "",

@@ -300,6 +300,22 @@ class UsageErrorTests(CliTestCase):
                          {"code": "usage", "message": "a command is required (see --help)"})
 
 
+    def test_prometheus_format_on_another_command_prints_its_usage_error(self):
+        before = self.snapshot()
+        for words in (["show", self.open_op], ["verify"], ["checkpoint"],
+                      ["resolve", self.open_op, "--outcome", "completed", "--evidence", "x"]):
+            with self.subTest(words=words):
+                stdout = io.StringIO()
+                with contextlib.redirect_stdout(stdout):
+                    exit_code = operator_cli.main(["--data-dir", self.data_dir, "--format",
+                                                   "prometheus", *words])
+                self.assertEqual(exit_code, 1)
+                self.assertEqual(json.loads(stdout.getvalue())["error"],
+                                 {"code": "usage",
+                                  "message": "--format prometheus is for status only"})
+        self.assertEqual(self.snapshot(), before)
+
+
 class HermesPrefixTests(JournalTestCase):
 
     def test_every_named_profile_is_explicit(self):
