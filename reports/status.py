@@ -170,7 +170,8 @@ def check_reasons(result: dict) -> list:
     if result.get("ok") and result.get("gate") == GATE_CLOSED and waiting:
         # No age here: the same state reads the same on every surface and every run.
         calls = "; ".join(f"{view['operation_id']} ({view.get('tool')}, {view.get('state')}, "
-                          f"started {view.get('started_at')})" for view in waiting[:5])
+                          + (f"started {view['started_at']})" if view.get("started_at")
+                             else "start time unknown)") for view in waiting[:5])
         reasons.append({"code": "unresolved_operations", "message": f"{len(waiting)} protected "
                         f"call(s) with an unknown outcome block every protected call in this "
                         f"profile: {calls}. Check the real service, then resolve each"})

@@ -121,3 +121,23 @@ class CronTextfile(JournalTestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class CheckReasonsName(unittest.TestCase):
+    """``status --check`` reasons (docs/cli.md §status) name each waiting call."""
+
+    def test_a_call_without_a_start_time_reads_start_time_unknown_not_none(self):
+        from crash_recovery.reports.status import check_reasons
+        waiting = [{"operation_id": "3260ff19-0000-4000-8000-000000000001", "tool": "unknown",
+                    "state": "uncertain", "started_at": None},
+                   {"operation_id": "9cf4aaaa-0000-4000-8000-000000000002", "tool": "book_trip",
+                    "state": "pending", "started_at": "2026-12-03T07:41:02Z"}]
+        reasons = check_reasons({"ok": True, "gate": "closed", "unresolved": waiting})
+        self.assertEqual([reason for reason in reasons
+                          if reason["code"] == "unresolved_operations"], [{
+            "code": "unresolved_operations",
+            "message": "2 protected call(s) with an unknown outcome block every protected call "
+                       "in this profile: 3260ff19-0000-4000-8000-000000000001 (unknown, "
+                       "uncertain, start time unknown); 9cf4aaaa-0000-4000-8000-000000000002 "
+                       "(book_trip, pending, started 2026-12-03T07:41:02Z). Check the real "
+                       "service, then resolve each"}])
