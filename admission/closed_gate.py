@@ -43,15 +43,15 @@ def keeps_gate_open(code: str) -> bool:
     return code in OPEN_VERDICTS
 
 
-def option_like_argument(tool_name: Any, args: Any) -> Optional[str]:
+def option_argument_problem(tool_name: Any, args: Any) -> Optional[str]:
     """For a call of a shell-backed file tool (:data:`SHELL_BACKED_TOOLS`),
-    directly or as an entry of a ``tool_call``: the name of its first text
-    argument that begins with "-" (after blanks), or ``"arguments"`` when
-    they are neither an object nor JSON text of one; else None (docs/guard.md
-    §While the gate is closed)."""
+    directly or as an entry of a ``tool_call``: what makes it unsafe while the
+    gate is closed, as a phrase (its first text argument that begins with "-"
+    after blanks, or arguments that are neither an object nor JSON text of
+    one); else None (docs/guard.md §While the gate is closed)."""
     if tool_name == BRIDGE_CALL:
         for name, arguments in bridge_calls(args) or ():
-            found = option_like_argument(name, {} if arguments is None else arguments)
+            found = option_argument_problem(name, {} if arguments is None else arguments)
             if found is not None:
                 return found
         return None
@@ -61,12 +61,12 @@ def option_like_argument(tool_name: Any, args: Any) -> Optional[str]:
         try:
             args = json.loads(args)
         except (ValueError, RecursionError):
-            return "arguments"
+            args = None
     if not isinstance(args, dict):
-        return "arguments"
+        return f"the arguments of {tool_name} are not a JSON object, so they cannot be checked"
     for name, value in args.items():
         if isinstance(value, str) and value.lstrip().startswith("-"):
-            return str(name)
+            return f"its argument {str(name)[:100]!r} begins with \"-\""
     return None
 
 

@@ -30,7 +30,7 @@ from ..storage.log_lines import plugin_logger
 from ..storage.platform_support import platform_problem
 from .binding import inherited_admission, live_admission, same_call
 from .bridge import runs_while_closed
-from .closed_gate import (journal_present, keeps_gate_open, option_like_argument,
+from .closed_gate import (journal_present, keeps_gate_open, option_argument_problem,
                           while_closed_text)
 from .registered_tools import record_first_call
 from .settings import (KNOWN_KEYS, MODE_PROTECTED_TOOLS, Settings, parse_settings,
@@ -360,12 +360,12 @@ class Gate:
         a file tool with an argument its command reads as an option
         (admission/closed_gate.py).  One verified read of the journal (none
         before a journal exists); never raises."""
-        option = None
+        problem = None
         try:
             settings = self.settings()
             if runs_while_closed(tool_name, args, settings.runs_while_closed):
-                option = option_like_argument(tool_name, args)
-                if option is None:
+                problem = option_argument_problem(tool_name, args)
+                if problem is None:
                     return None
             cause = self._closed_cause()
         except Exception as exc:  # fail closed on our own bugs too
@@ -377,8 +377,8 @@ class Gate:
             return None
         tool = str(bounded(str(tool_name)))
         explanation = (while_closed_text(tool, cause.explanation, settings.while_closed())
-                       if option is None else
-                       option_argument_explanation(tool, str(bounded(option)), cause.explanation))
+                       if problem is None else
+                       option_argument_explanation(tool, problem, cause.explanation))
         return self.blocked(Refusal(cause.code, explanation, cause.operations))
 
     def _closed_cause(self) -> Optional[Refusal]:

@@ -329,15 +329,15 @@ def closed_gate_explanation(tool_name: str, why: str, runs: Iterable[str]) -> st
             f"delegation). {why}")
 
 
-def option_argument_explanation(tool_name: str, argument: str, why: str) -> str:
-    """Why a read-only file tool was refused while the gate is closed: its
-    ``argument`` begins with "-", which the host's command reads as an option
-    (docs/guard.md §While the gate is closed); ``why`` as above."""
-    return (f"{tool_name} was refused and not run: while the gate is closed, its argument "
-            f"{argument!r} may not begin with \"-\", because the host's search and read "
-            f"commands would take it as an option, and some options run programs. To search "
-            f"for text that begins with \"-\", write it as \"[-]...\"; name a path that begins "
-            f"with \"-\" as \"./-...\". {why}")
+def option_argument_explanation(tool_name: str, problem: str, why: str) -> str:
+    """Why a read-only file tool was refused while the gate is closed:
+    ``problem`` says which argument (docs/guard.md §While the gate is
+    closed); ``why`` as above."""
+    return (f"{tool_name} was refused and not run: while the gate is closed, {problem}. The "
+            f"host puts these arguments on a search or read command line, where a value that "
+            f"begins with \"-\" is taken as an option, and some options run programs. To "
+            f"search for text that begins with \"-\", write it as \"[-]...\"; name a path "
+            f"that begins with \"-\" as \"./-...\". {why}")
 
 
 # Tools whose call runs other agents' tool calls inside it (Hermes' subagents).

@@ -122,28 +122,34 @@ class ClosedGate(GuardTestCase):
         self.assertEqual(while_open.calls, 1)  # the gate only narrows what runs while closed
         operation_id = self.close_gate()
         before = self.snapshot()
-        for tool, args, argument in (
-                ("search_files", {"pattern": "--pre=sh", "path": "."}, "pattern"),
-                ("search_files", {"pattern": "x", "path": "-delete", "target": "files"}, "path"),
-                ("search_files", {"pattern": "x", "file_glob": " \t-x"}, "file_glob"),
-                ("read_file", {"path": "-f/tmp/script.sed", "offset": 1}, "path"),
+        unreadable = "the arguments of read_file are not a JSON object, so they cannot be checked"
+        for tool, args, problem in (
+                ("search_files", {"pattern": "--pre=sh", "path": "."},
+                 "its argument 'pattern' begins with \"-\""),
+                ("search_files", {"pattern": "x", "path": "-delete", "target": "files"},
+                 "its argument 'path' begins with \"-\""),
+                ("search_files", {"pattern": "x", "file_glob": " \t-x"},
+                 "its argument 'file_glob' begins with \"-\""),
+                ("read_file", {"path": "-f/tmp/script.sed", "offset": 1},
+                 "its argument 'path' begins with \"-\""),
                 ("tool_call", {"name": "search_files", "arguments": {"pattern": "--pre=rm"}},
-                 "pattern"),
+                 "its argument 'pattern' begins with \"-\""),
                 ("tool_call", {"calls": [{"name": "read_file", "arguments": {"path": "a"}},
                                          {"name": "read_file", "arguments": '{"path": "-i"}'}]},
-                 "path"),
-                ("tool_call", {"name": "read_file", "arguments": "not JSON"}, "arguments"),
-                ("read_file", ["-i"], "arguments")):
+                 "its argument 'path' begins with \"-\""),
+                ("tool_call", {"name": "read_file", "arguments": "not JSON"}, unreadable),
+                ("read_file", ["-i"], unreadable)):
             with self.subTest(tool=tool, args=args):
                 refused = self.assertRefusedWhileClosed(tool, "unresolved_operations",
                                                         [operation_id], args=args)
                 explanation = refused["explanation"]
                 self.assertTrue(explanation.startswith(
-                    f"{tool} was refused and not run: while the gate is closed, its argument "
-                    f"'{argument}' may not begin with \"-\", because the host's search and read "
-                    f"commands would take it as an option, and some options run programs. "
-                    f"To search for text that begins with \"-\", write it as \"[-]...\"; name a "
-                    f"path that begins with \"-\" as \"./-...\". "), explanation)
+                    f"{tool} was refused and not run: while the gate is closed, {problem}. The "
+                    f"host puts these arguments on a search or read command line, where a value "
+                    f"that begins with \"-\" is taken as an option, and some options run "
+                    f"programs. To search for text that begins with \"-\", write it as "
+                    f"\"[-]...\"; name a path that begins with \"-\" as \"./-...\". "),
+                    explanation)
                 self.assertIn(f"settle operation {operation_id}", explanation)
         for tool, args in (("search_files", {"pattern": "[-]-pre=sh", "path": "./-delete",
                                              "limit": -1, "context": None}),

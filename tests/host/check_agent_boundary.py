@@ -258,7 +258,7 @@ def scenario_closed_gate(home: Path, checks: CheckList) -> None:
     checks.check("file_tool_option_refused_naming_the_argument", all(
         refusals[call].get("explanation", "").startswith(
             f"{name} was refused and not run: while the gate is closed, its argument "
-            f"'{argument}' may not begin with")
+            f"'{argument}' begins with \"-\". The host puts these arguments on")
         for call, name, argument in (("call_search_option", "search_files", "pattern"),
                                      ("call_read_option", "read_file", "path"))),
         search=refusals["call_search_option"], read=refusals["call_read_option"])
